@@ -1,0 +1,26 @@
+// Package engine owns all lock state of a leash client: per-lock waiter queues, the
+// acquire attempt in flight, held locks and their watchdog renewals. Every mutation
+// of that state happens on one goroutine and nowhere else, so there is no mutex
+// around it.
+//
+// The package is split the way etcd's raft splits node.go from rawnode.go:
+//
+//   - machine (machine.go, waiters.go, holds.go) is a pure state machine: one method
+//     per message, each taking the current monotonic time, blocking on nothing,
+//     starting no goroutine, and appending effects (scripts to run, futures to
+//     complete, timers to arm, channels to subscribe) to an effects list;
+//   - Engine (engine.go) is the thin loop: it receives messages, calls the machine,
+//     and carries out the effects. Redis I/O never runs on the loop goroutine: each
+//     script call runs on a short-lived goroutine, and rueidis's auto-pipelining
+//     batches concurrent calls into few round trips. Replies, timer firings, unlock
+//     messages and cancellations come back through a mailbox that never blocks its
+//     sender, so the loop never waits on anyone and nobody waits on the loop for
+//     long.
+//
+// Fairness and cost, the short version (the long one sits next to the code):
+// waiters of one lock queue FIFO in their process; one unlock message lets exactly
+// one local waiter, the head, retry (one script call per message per process, not
+// one per waiter); when the releasing owner and the next local waiter live in the
+// same process, one script hands the lock over without a pub/sub hop, bounded so
+// other processes' waiters are not starved.
+package engine

@@ -1,0 +1,74 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/leash-go/leash/futures"
+	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
+)
+
+// effects is what one machine step asks the loop to carry out. Futures are completed
+// by the machine itself: completion never blocks (see package futures).
+type effects struct {
+	scripts []scriptCall
+	timers  []timerOp
+	subs    []subOp
+}
+
+func (fx *effects) reset() {
+	clear(fx.scripts)
+	fx.scripts = fx.scripts[:0]
+	fx.timers = fx.timers[:0]
+	clear(fx.subs)
+	fx.subs = fx.subs[:0]
+}
+
+// purpose says what a script call was for, and so what its reply means.
+type purpose uint8
+
+const (
+	purposeAttempt   purpose = iota + 1 // acquire for a waiter
+	purposeHandoff                      // release by a local owner and grant to the local head, in one call
+	purposeUnlock                       // release one hold
+	purposeAbandon                      // give back a grant nobody received, or a lost hold (owner-guarded)
+	purposeForce                        // force-release
+	purposeRenew                        // watchdog renewal of a batch of holds
+)
+
+// scriptCall is one script to run, with what the machine needs to read its reply.
+type scriptCall struct {
+	script  scripts.ID
+	keys    []string
+	args    []string
+	purpose purpose
+	lock    uint64   // lock id
+	waiter  uint64   // purposeAttempt, purposeHandoff
+	hold    uint64   // purposeUnlock, purposeHandoff
+	batch   []uint64 // purposeRenew: hold ids, in KEYS order
+	unlock  *futures.Future[error]
+	force   *futures.Future[forceResult]
+}
+
+// Timer kinds (timer.Key.Kind).
+const (
+	kindRetry  uint8 = iota + 1 // a lock's head waiter retries (TTL deadline, backoff)
+	kindWait                    // a waiter's wait ran out
+	kindExpiry                  // a hold's lease may run out: close its Lost
+	kindSweep                   // the watchdog's renewal sweep
+	kindLinger                  // an idle lock's subscription may be dropped
+)
+
+// timerOp arms (d >= 0) or cancels (cancel) one timer entry.
+type timerOp struct {
+	key    timer.Key
+	d      time.Duration
+	cancel bool
+}
+
+// subOp subscribes or unsubscribes a lock's channel.
+type subOp struct {
+	lock        uint64
+	channel     string
+	unsubscribe bool
+}

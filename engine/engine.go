@@ -1,0 +1,358 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leash-go/leash/futures"
+	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
+)
+
+// Subscriber is the pub/sub registry as the engine uses it (package pubsub
+// implements it). The engine calls it from short-lived I/O goroutines, never from
+// the loop.
+type Subscriber interface {
+	// Subscribe subscribes channel and returns once messages on it will be
+	// delivered, or with an error; after an error the channel may still be
+	// subscribed later, followed by a Resubscribed call.
+	Subscribe(ctx context.Context, channel string) error
+	// Unsubscribe drops channel.
+	Unsubscribe(ctx context.Context, channel string)
+}
+
+// Config configures an Engine.
+type Config struct {
+	// ClientID prefixes every owner field: "<ClientID>:<owner>". Required.
+	ClientID string
+	// Watchdog is the lease of holds acquired without an explicit one; they are
+	// renewed every Watchdog/3. Required.
+	Watchdog time.Duration
+	// Runner runs the Lua scripts. Required.
+	Runner scripts.Runner
+	// Subscriber keeps the unlock-channel subscriptions. Required.
+	Subscriber Subscriber
+	// Scheduler, when set, replaces the timing wheel (tests pass a fake). The engine
+	// owns it and stops it on Close.
+	Scheduler func(sink timer.Sink) timer.Scheduler
+	// OpTimeout bounds each script call and subscription. Default 10 s.
+	OpTimeout time.Duration
+	// CloseTimeout bounds the releases Close makes. Default 5 s.
+	CloseTimeout time.Duration
+	// HandoffChain and HandoffAge bound a chain of direct local handoffs before the
+	// lock is released to every process. Defaults 16 and 5 ms; a negative
+	// HandoffChain disables direct handoffs.
+	HandoffChain int
+	HandoffAge   time.Duration
+	// Linger is how long an idle lock keeps its subscription. Default 250 ms.
+	Linger time.Duration
+}
+
+// Engine is the loop around the state machine. Its methods are safe for concurrent
+// use; all lock state lives on its goroutine.
+type Engine struct {
+	m         *machine
+	runner    scripts.Runner
+	sub       Subscriber
+	scheduler timer.Scheduler
+	opTimeout time.Duration
+
+	// inbox carries callers' requests. Its capacity absorbs a burst of callers
+	// without making them wait on the loop; past it, senders block until the loop
+	// catches up, their context ends, or the engine stops (backpressure, not loss).
+	inbox chan message
+	// mail carries replies, firings, unlock messages and cancellations; it never
+	// blocks its senders (see mailbox).
+	mail *mailbox
+
+	nextWaiter atomic.Uint64
+	nextOwner  atomic.Uint64
+
+	// gate orders requests before Close: senders hold it shared while they send, and
+	// Close takes it exclusively to set closed, so every request accepted is in the
+	// inbox before closeMsg and is answered.
+	gate      sync.RWMutex
+	closed    bool
+	closeOnce sync.Once
+	done      chan struct{} // closed when the loop has returned
+	ioCtx     context.Context
+	ioCancel  context.CancelFunc
+	ioWG      sync.WaitGroup // I/O goroutines
+	inflight  int            // loop-owned: I/O calls not yet answered
+	closeT    time.Duration
+}
+
+const inboxSize = 1024
+
+// New starts an engine.
+func New(cfg Config) (*Engine, error) {
+	if cfg.ClientID == "" || cfg.Watchdog <= 0 || cfg.Runner == nil || cfg.Subscriber == nil {
+		return nil, errors.New("leash: engine config needs ClientID, Watchdog, Runner and Subscriber")
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = 10 * time.Second
+	}
+	if cfg.CloseTimeout <= 0 {
+		cfg.CloseTimeout = 5 * time.Second
+	}
+	if cfg.HandoffChain == 0 {
+		cfg.HandoffChain = 16
+	}
+	if cfg.HandoffAge <= 0 {
+		cfg.HandoffAge = 5 * time.Millisecond
+	}
+	if cfg.Linger == 0 {
+		cfg.Linger = 250 * time.Millisecond
+	}
+	e := &Engine{
+		m: newMachine(config{
+			clientID:     cfg.ClientID,
+			watchdog:     cfg.Watchdog,
+			handoffChain: cfg.HandoffChain,
+			handoffAge:   cfg.HandoffAge,
+			linger:       cfg.Linger,
+		}),
+		runner:    cfg.Runner,
+		sub:       cfg.Subscriber,
+		opTimeout: cfg.OpTimeout,
+		closeT:    cfg.CloseTimeout,
+		inbox:     make(chan message, inboxSize),
+		mail:      newMailbox(),
+		done:      make(chan struct{}),
+	}
+	e.ioCtx, e.ioCancel = context.WithCancel(context.Background())
+	sink := func(k timer.Key) { e.mail.post(timerFired{key: k}) }
+	if cfg.Scheduler != nil {
+		e.scheduler = cfg.Scheduler(sink)
+	} else {
+		e.scheduler = timer.NewWheel(sink)
+	}
+	go e.loop()
+	return e, nil
+}
+
+// NewOwner returns a fresh owner id: each lock handle is one owner.
+func (e *Engine) NewOwner() uint64 { return e.nextOwner.Add(1) }
+
+// NotifyMessage hands an unlock-channel message to the engine. It never blocks; it
+// is the pub/sub registry's message handler.
+func (e *Engine) NotifyMessage(channel, payload string) {
+	e.mail.post(unlockNotice{channel: channel, payload: payload})
+}
+
+// NotifyResubscribed tells the engine that messages may have been missed. It never
+// blocks.
+func (e *Engine) NotifyResubscribed() { e.mail.post(resubscribed{}) }
+
+// AcquireRequest describes one Acquire.
+type AcquireRequest struct {
+	Lock  string
+	Owner uint64
+	Lease time.Duration // 0: watchdog
+	Wait  time.Duration // < 0: until ctx ends; 0: one attempt; > 0: at most this long
+}
+
+// Acquire asks for the lock. The returned channel carries exactly one value and is
+// never closed: nil when the owner holds the lock (a received nil means held,
+// whatever ctx did afterwards); ctx's error when ctx ended first; ErrNotAcquired
+// when the wait ran out; ErrClosed; or a Redis error.
+//
+// If ctx ends after the grant was sent but before anyone received it, the grant is
+// taken back and released, and the channel carries ctx's error instead.
+func (e *Engine) Acquire(ctx context.Context, req AcquireRequest) <-chan error {
+	f := futures.New[error]()
+	id := e.nextWaiter.Add(1)
+	var stop func() bool
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, func() { e.mail.post(cancelMsg{id: id, err: ctx.Err()}) })
+	}
+	msg := acquireMsg{id: id, lock: req.Lock, owner: req.Owner, lease: req.Lease, wait: req.Wait, ctx: ctx, stop: stop, future: f}
+	if err := e.send(ctx, msg); err != nil {
+		if stop != nil {
+			stop()
+		}
+		f.Complete(WrapError(req.Lock, err))
+	}
+	return f.C()
+}
+
+// Unlock releases one hold of owner on lock. The release goes ahead under the
+// engine's own bounded context even if ctx is already done (a dead context must not
+// leave the lock held until its lease ends); ctx only bounds how long the caller
+// waits for the answer.
+func (e *Engine) Unlock(ctx context.Context, lock string, owner uint64) error {
+	f := futures.New[error]()
+	if err := e.send(context.Background(), unlockMsg{lock: lock, owner: owner, future: f}); err != nil {
+		return err
+	}
+	return wait(ctx, f)
+}
+
+// ForceUnlock deletes lock whoever holds it and reports whether it existed.
+func (e *Engine) ForceUnlock(ctx context.Context, lock string) (bool, error) {
+	f := futures.New[forceResult]()
+	if err := e.send(ctx, forceUnlockMsg{lock: lock, future: f}); err != nil {
+		return false, err
+	}
+	select {
+	case r := <-f.C():
+		return r.existed, r.err
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// Lost returns the signal of owner's current hold on lock: closed when the hold is
+// lost, never sent on; already closed when owner holds nothing (or the engine is
+// closed).
+func (e *Engine) Lost(lock string, owner uint64) <-chan struct{} {
+	f := futures.New[<-chan struct{}]()
+	if err := e.send(context.Background(), lostMsg{lock: lock, owner: owner, future: f}); err != nil {
+		return futures.FiredC()
+	}
+	select {
+	case c := <-f.C():
+		return c
+	case <-e.done:
+		return futures.FiredC()
+	}
+}
+
+// Stats returns a snapshot of the engine's counters.
+func (e *Engine) Stats(ctx context.Context) (Stats, error) {
+	f := futures.New[Stats]()
+	if err := e.send(ctx, statsMsg{future: f}); err != nil {
+		return Stats{}, err
+	}
+	select {
+	case s := <-f.C():
+		return s, nil
+	case <-ctx.Done():
+		return Stats{}, ctx.Err()
+	}
+}
+
+func wait(ctx context.Context, f *futures.Future[error]) error {
+	select {
+	case err := <-f.C():
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// send puts a request on the inbox. It fails with ErrClosed once Close has begun and
+// with ctx's error if ctx ends while the inbox is full.
+func (e *Engine) send(ctx context.Context, msg message) error {
+	e.gate.RLock()
+	defer e.gate.RUnlock()
+	if e.closed {
+		return ErrClosed
+	}
+	select {
+	case e.inbox <- msg:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Close fails pending waiters with ErrClosed, closes the Lost signal of every hold
+// and releases it on the server (bounded by CloseTimeout), stops renewals and
+// timers, and returns once every goroutine the engine started has ended. It is
+// idempotent; later calls wait for the first to finish.
+func (e *Engine) Close() {
+	e.closeOnce.Do(func() {
+		e.gate.Lock()
+		e.closed = true
+		e.gate.Unlock()
+		// The loop stops reading the inbox only after it has handled closeMsg, so
+		// this send cannot be lost; requests queued before it are answered first.
+		e.inbox <- closeMsg{}
+		// Bound the releases and any call still in flight (a paused server).
+		timeout := time.AfterFunc(e.closeT, e.ioCancel)
+		<-e.done
+		timeout.Stop()
+		e.ioWG.Wait()
+		e.scheduler.Stop()
+		e.ioCancel()
+	})
+	<-e.done
+}
+
+// loop is the engine goroutine: receive, step the machine, carry out the effects.
+func (e *Engine) loop() {
+	defer close(e.done)
+	m := e.m
+	for {
+		select {
+		case msg := <-e.inbox:
+			m.handle(msg, time.Now())
+			// Drain what else is queued, so one round of effects serves a burst.
+			for n := len(e.inbox); n > 0; n-- {
+				m.handle(<-e.inbox, time.Now())
+			}
+		case <-e.mail.signal:
+			now := time.Now()
+			for _, msg := range e.mail.drain() {
+				switch msg.(type) {
+				case scriptDone, subscribeDone, unsubscribeDone:
+					e.inflight--
+				}
+				m.handle(msg, now)
+			}
+		}
+		e.apply()
+		if m.closing && e.inflight == 0 {
+			return
+		}
+	}
+}
+
+// apply carries out the machine's effects.
+func (e *Engine) apply() {
+	fx := &e.m.fx
+	for _, op := range fx.timers {
+		if op.cancel {
+			e.scheduler.Cancel(op.key)
+		} else {
+			e.scheduler.Schedule(op.key, op.d)
+		}
+	}
+	for _, call := range fx.scripts {
+		e.inflight++
+		e.ioWG.Add(1)
+		go e.runScript(call)
+	}
+	for _, op := range fx.subs {
+		e.inflight++
+		e.ioWG.Add(1)
+		go e.runSub(op)
+	}
+	fx.reset()
+}
+
+func (e *Engine) runScript(call scriptCall) {
+	defer e.ioWG.Done()
+	ctx, cancel := context.WithTimeout(e.ioCtx, e.opTimeout)
+	sentAt := time.Now()
+	reply, err := e.runner.Run(ctx, call.script, call.keys, call.args)
+	cancel()
+	e.mail.post(scriptDone{call: call, sentAt: sentAt, reply: reply, err: err})
+}
+
+func (e *Engine) runSub(op subOp) {
+	defer e.ioWG.Done()
+	ctx, cancel := context.WithTimeout(e.ioCtx, e.opTimeout)
+	defer cancel()
+	if op.unsubscribe {
+		e.sub.Unsubscribe(ctx, op.channel)
+		e.mail.post(unsubscribeDone{lock: op.lock})
+		return
+	}
+	err := e.sub.Subscribe(ctx, op.channel)
+	e.mail.post(subscribeDone{lock: op.lock, err: err})
+}

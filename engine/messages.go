@@ -1,0 +1,99 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/leash-go/leash/futures"
+	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
+)
+
+// message is everything the loop receives. The set is sealed: only this package's
+// types implement it, and machine.handle switches over all of them.
+type message interface{ isMessage() }
+
+// Requests from callers, sent on the inbox.
+type (
+	// acquireMsg asks for a lock on behalf of one owner.
+	acquireMsg struct {
+		id     uint64 // the waiter's id, also the key of its cancellation
+		lock   string
+		owner  uint64
+		lease  time.Duration // 0: watchdog
+		wait   time.Duration // < 0: until ctx ends; 0: one attempt; > 0: at most this long
+		ctx    context.Context
+		stop   func() bool // unregisters the context.AfterFunc that posts cancelMsg; nil if ctx never ends
+		future *futures.Future[error]
+	}
+	// unlockMsg releases one hold.
+	unlockMsg struct {
+		lock   string
+		owner  uint64
+		future *futures.Future[error]
+	}
+	// forceUnlockMsg deletes a lock whoever holds it.
+	forceUnlockMsg struct {
+		lock   string
+		future *futures.Future[forceResult]
+	}
+	// lostMsg asks for the Lost signal of an owner's current hold.
+	lostMsg struct {
+		lock   string
+		owner  uint64
+		future *futures.Future[<-chan struct{}]
+	}
+	// closeMsg starts the engine's shutdown.
+	closeMsg struct{}
+	// statsMsg asks for a snapshot of the engine's counters.
+	statsMsg struct{ future *futures.Future[Stats] }
+)
+
+// forceResult is ForceUnlock's outcome.
+type forceResult struct {
+	existed bool
+	err     error
+}
+
+// Notifications, posted to the mailbox.
+type (
+	// cancelMsg: a waiter's context ended.
+	cancelMsg struct {
+		id  uint64
+		err error
+	}
+	// scriptDone: a script call returned.
+	scriptDone struct {
+		call   scriptCall
+		sentAt time.Time // monotonic; when the call was handed to rueidis
+		reply  scripts.Reply
+		err    error
+	}
+	// subscribeDone: a Subscribe call returned.
+	subscribeDone struct {
+		lock uint64
+		err  error
+	}
+	// unsubscribeDone: an Unsubscribe call returned.
+	unsubscribeDone struct{ lock uint64 }
+	// timerFired: a timer entry fired.
+	timerFired struct{ key timer.Key }
+	// unlockNotice: a message arrived on an unlock channel.
+	unlockNotice struct{ channel, payload string }
+	// resubscribed: the pub/sub connection was replaced; messages may have been lost.
+	resubscribed struct{}
+)
+
+func (acquireMsg) isMessage()      {}
+func (unlockMsg) isMessage()       {}
+func (forceUnlockMsg) isMessage()  {}
+func (lostMsg) isMessage()         {}
+func (closeMsg) isMessage()        {}
+func (statsMsg) isMessage()        {}
+func (cancelMsg) isMessage()       {}
+func (scriptDone) isMessage()      {}
+func (subscribeDone) isMessage()   {}
+func (unsubscribeDone) isMessage() {}
+func (timerFired) isMessage()      {}
+func (unlockNotice) isMessage()    {}
+func (resubscribed) isMessage()    {}

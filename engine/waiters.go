@@ -1,0 +1,87 @@
+package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/leash-go/leash/futures"
+)
+
+// waiter is one pending Acquire. It lives in machine.waiters from its request until
+// its future is completed, and in its lock's queue while it waits its turn.
+//
+// Its size matters: thousands may wait on one lock. A waiter is about 200 bytes,
+// plus its future's channel and the context.AfterFunc registration.
+type waiter struct {
+	id     uint64
+	lock   *lockState
+	owner  uint64
+	lease  time.Duration // 0: watchdog
+	ctx    context.Context
+	stop   func() bool // unregisters the cancellation callback; nil when ctx never ends
+	future *futures.Future[error]
+
+	deadline time.Time // zero: no wait limit besides ctx
+
+	prev, next *waiter // queue links; both nil and not head when not queued
+	queued     bool
+
+	direct     bool  // attempting outside the queue (holder re-entering, single try)
+	oneShot    bool  // wait 0: one attempt only
+	attempting bool  // an acquire or handoff for this waiter is in flight
+	expired    bool  // the wait ran out while an attempt was in flight
+	cancelErr  error // the context ended (or the client closed) while an attempt was in flight
+	lastErr    error // the last transport error, reported if the wait runs out
+}
+
+func (w *waiter) inQueue() bool { return w.queued }
+
+// queue is an intrusive FIFO of waiters: O(1) push, pop and removal from the middle
+// (a cancelled waiter leaves at once, wherever it stands).
+//
+// Why FIFO: a waiter that arrived first has waited longest; serving it first bounds
+// every waiter's wait by the work ahead of it, which no retry race can do (the
+// peers' polling lets the releaser barge, so some goroutines starve).
+type queue struct {
+	head, tail *waiter
+	len        int
+}
+
+func (q *queue) push(w *waiter) {
+	w.queued = true
+	w.prev, w.next = q.tail, nil
+	if q.tail != nil {
+		q.tail.next = w
+	} else {
+		q.head = w
+	}
+	q.tail = w
+	q.len++
+}
+
+func (q *queue) remove(w *waiter) {
+	if !w.queued {
+		return
+	}
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		q.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		q.tail = w.prev
+	}
+	w.prev, w.next, w.queued = nil, nil, false
+	q.len--
+}
+
+// receipt is a grant delivered to a caller whose context is still watched, so the
+// grant can be taken back if the caller walks away without receiving it.
+type receipt struct {
+	id     uint64 // the waiter's id
+	future *futures.Future[error]
+	stop   func() bool
+	hold   uint64
+}

@@ -1,0 +1,58 @@
+package futures
+
+import "sync/atomic"
+
+// Future is a complete-once result channel. The zero value is not usable; call New.
+//
+// Its channel, returned by C, carries exactly one value and is never closed.
+type Future[T any] struct {
+	ch   chan T
+	done atomic.Bool
+}
+
+// New returns a future that has not completed.
+func New[T any]() *Future[T] {
+	return &Future[T]{ch: make(chan T, 1)}
+}
+
+// Completed returns a future that already carries v.
+func Completed[T any](v T) *Future[T] {
+	f := New[T]()
+	f.Complete(v)
+	return f
+}
+
+// C returns the result channel. It carries exactly one value, sent by the first
+// Complete; it is never closed.
+func (f *Future[T]) C() <-chan T { return f.ch }
+
+// Complete sends v as the future's one value. It never blocks. It reports false, and
+// sends nothing, if the future was already completed.
+func (f *Future[T]) Complete(v T) bool {
+	if !f.done.CompareAndSwap(false, true) {
+		return false
+	}
+	f.ch <- v // cannot block: capacity 1, and only the first Complete sends
+	return true
+}
+
+// IsCompleted reports whether Complete has been called.
+func (f *Future[T]) IsCompleted() bool { return f.done.Load() }
+
+// Revoke takes back the future's value if nobody has received it yet and puts
+// replacement in its place. It reports the value taken back and true, or the zero
+// value and false when the value was already received (or the future was never
+// completed). It never blocks. Only the completer may call it.
+func (f *Future[T]) Revoke(replacement T) (T, bool) {
+	var zero T
+	if !f.done.Load() {
+		return zero, false
+	}
+	select {
+	case v := <-f.ch:
+		f.ch <- replacement
+		return v, true
+	default:
+		return zero, false
+	}
+}

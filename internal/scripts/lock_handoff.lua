@@ -1,0 +1,23 @@
+-- lock_handoff.lua: release by one owner and grant to the next local waiter in one
+-- call, without a pub/sub hop. The lock is never free in between, so nothing is
+-- published; the hash stays in Redisson's layout at every step.
+-- KEYS[1]  the lock hash
+-- ARGV[1]  the releasing owner's field
+-- ARGV[2]  the releasing owner's lease in milliseconds (re-applied if it still holds)
+-- ARGV[3]  the receiving owner's field
+-- ARGV[4]  the receiving owner's lease in milliseconds
+-- Reply: nil when the releasing owner does not hold the lock (nothing changed);
+--        0 when it still holds it after the decrement (no handoff);
+--        2 when the lock passed to the receiving owner with a count of 1.
+if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+    return nil
+end
+local count = redis.call('hincrby', KEYS[1], ARGV[1], -1)
+if count > 0 then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return 0
+end
+redis.call('del', KEYS[1])
+redis.call('hset', KEYS[1], ARGV[3], 1)
+redis.call('pexpire', KEYS[1], ARGV[4])
+return 2

@@ -1,0 +1,140 @@
+// Package scripts holds leash's Lua scripts, embedded from .lua files, and runs them
+// by SHA (EVALSHA, falling back to EVAL on NOSCRIPT) through rueidis, whose
+// auto-pipelining batches concurrent calls into few round trips.
+//
+// Each .lua file's header lists its KEYS, ARGV and replies; the wire layout follows
+// Redisson's (see shared/PROTOCOL.md) so Go and Java services can share a lock.
+package scripts
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+
+	"github.com/redis/rueidis"
+)
+
+// ID names one script.
+type ID uint8
+
+// The scripts, one per file.
+const (
+	LockAcquire      ID = iota // lock_acquire.lua
+	LockRelease                // lock_release.lua
+	LockReleaseOwner           // lock_release_owner.lua
+	LockForceRelease           // lock_force_release.lua
+	LockRenew                  // lock_renew.lua
+	LockHandoff                // lock_handoff.lua
+	numScripts
+)
+
+var (
+	//go:embed lock_acquire.lua
+	lockAcquireSrc string
+	//go:embed lock_release.lua
+	lockReleaseSrc string
+	//go:embed lock_release_owner.lua
+	lockReleaseOwnerSrc string
+	//go:embed lock_force_release.lua
+	lockForceReleaseSrc string
+	//go:embed lock_renew.lua
+	lockRenewSrc string
+	//go:embed lock_handoff.lua
+	lockHandoffSrc string
+)
+
+var sources = [numScripts]string{
+	LockAcquire:      lockAcquireSrc,
+	LockRelease:      lockReleaseSrc,
+	LockReleaseOwner: lockReleaseOwnerSrc,
+	LockForceRelease: lockForceReleaseSrc,
+	LockRenew:        lockRenewSrc,
+	LockHandoff:      lockHandoffSrc,
+}
+
+var names = [numScripts]string{
+	LockAcquire:      "lock_acquire",
+	LockRelease:      "lock_release",
+	LockReleaseOwner: "lock_release_owner",
+	LockForceRelease: "lock_force_release",
+	LockRenew:        "lock_renew",
+	LockHandoff:      "lock_handoff",
+}
+
+// String returns the script's file name without its extension.
+func (id ID) String() string {
+	if id < numScripts {
+		return names[id]
+	}
+	return fmt.Sprintf("script(%d)", uint8(id))
+}
+
+// Source returns the script's Lua text, for tests and tools.
+func Source(id ID) string { return sources[id] }
+
+// Reply is a script's reply decoded into the three shapes leash's scripts return:
+// a Redis nil, an integer, or an array of integers.
+type Reply struct {
+	Nil  bool
+	Int  int64
+	Ints []int64
+}
+
+// Runner runs scripts. The engine depends on this interface so its tests can use a
+// fake; Redis is the production implementation.
+type Runner interface {
+	// Run executes the script and decodes its reply. Errors are Redis error replies
+	// (as *rueidis.RedisError, matched with rueidis.IsRedisErr) or transport errors.
+	Run(ctx context.Context, id ID, keys, args []string) (Reply, error)
+}
+
+// Redis runs the scripts on a rueidis client.
+type Redis struct {
+	client  rueidis.Client
+	scripts [numScripts]*rueidis.Lua
+}
+
+var _ Runner = (*Redis)(nil)
+
+// NewRedis returns a Runner over client. SHAs are computed from the embedded sources;
+// nothing is sent until the first call.
+func NewRedis(client rueidis.Client) *Redis {
+	r := &Redis{client: client}
+	for i, src := range sources {
+		r.scripts[i] = rueidis.NewLuaScript(src)
+	}
+	return r
+}
+
+// Run implements Runner.
+func (r *Redis) Run(ctx context.Context, id ID, keys, args []string) (Reply, error) {
+	msg, err := r.scripts[id].Exec(ctx, r.client, keys, args).ToMessage()
+	if err != nil {
+		if rueidis.IsRedisNil(err) {
+			return Reply{Nil: true}, nil
+		}
+		return Reply{}, err
+	}
+	return decode(msg)
+}
+
+func decode(msg rueidis.RedisMessage) (Reply, error) {
+	if msg.IsNil() {
+		return Reply{Nil: true}, nil
+	}
+	if n, err := msg.AsInt64(); err == nil {
+		return Reply{Int: n}, nil
+	}
+	arr, err := msg.ToArray()
+	if err != nil {
+		return Reply{}, errors.New("leash: unexpected script reply: " + msg.String())
+	}
+	ints := make([]int64, len(arr))
+	for i, m := range arr {
+		if ints[i], err = m.AsInt64(); err != nil {
+			return Reply{}, errors.New("leash: unexpected script reply element: " + m.String())
+		}
+	}
+	return Reply{Ints: ints}, nil
+}

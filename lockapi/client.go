@@ -1,0 +1,151 @@
+package lockapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/leash-go/leash/engine"
+	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/pubsub"
+	"github.com/redis/rueidis"
+)
+
+// Client is a connection to Redis and the engine that serves every lock handle made
+// from it. It is safe for concurrent use. Close it when done.
+type Client struct {
+	opts    Options
+	rc      rueidis.Client
+	ownsRC  bool
+	engine  *engine.Engine
+	pubsub  *pubsub.Registry
+	closeMu sync.Mutex
+	closed  bool
+}
+
+// New connects to Redis and starts the client's engine. It fails fast with
+// ErrInvalidArgument for unusable Options, and with a wrapped connection error when
+// no server answers a PING within DialTimeout.
+func New(opts Options) (*Client, error) {
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{opts: opts, rc: opts.Client}
+	if c.rc == nil {
+		c.rc, err = rueidis.NewClient(rueidis.ClientOption{
+			InitAddress:  opts.Addrs,
+			Username:     opts.Username,
+			Password:     opts.Password,
+			SelectDB:     opts.DB,
+			DisableCache: true,
+			Dialer:       net.Dialer{Timeout: opts.DialTimeout},
+		})
+		if err != nil {
+			return nil, fmt.Errorf("leash: connect to %v: %w", opts.Addrs, err)
+		}
+		c.ownsRC = true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), opts.DialTimeout)
+	err = c.rc.Do(ctx, c.rc.B().Ping().Build()).Error()
+	cancel()
+	if err != nil {
+		if c.ownsRC {
+			c.rc.Close()
+		}
+		return nil, fmt.Errorf("leash: no answer from Redis at %v: %w", opts.Addrs, err)
+	}
+	var eng *engine.Engine
+	c.pubsub = pubsub.New(c.rc,
+		func(channel, message string) { eng.NotifyMessage(channel, message) },
+		func() { eng.NotifyResubscribed() })
+	eng, err = engine.New(engine.Config{
+		ClientID:     opts.ClientID,
+		Watchdog:     opts.WatchdogTimeout,
+		Runner:       scripts.NewRedis(c.rc),
+		Subscriber:   c.pubsub,
+		OpTimeout:    opts.OpTimeout,
+		CloseTimeout: opts.CloseTimeout,
+	})
+	if err != nil {
+		c.pubsub.Close()
+		if c.ownsRC {
+			c.rc.Close()
+		}
+		return nil, err
+	}
+	c.engine = eng
+	c.pubsub.Start()
+	return c, nil
+}
+
+// ID returns the client id that prefixes this client's owner fields.
+func (c *Client) ID() string { return c.opts.ClientID }
+
+// Mutex returns a handle on the reentrant lock name. It acquires nothing. The
+// handle is one owner: Acquire on a handle that holds the lock increments the hold
+// count, and each Unlock decrements it. Use one handle per logical owner (a request,
+// a job); any goroutine may use it. An empty name is reported by the handle's calls
+// as ErrInvalidArgument.
+func (c *Client) Mutex(name string) *Mutex {
+	return &Mutex{c: c, name: name, owner: c.engine.NewOwner()}
+}
+
+// Close stops renewals, releases every lock this client holds (bounded by
+// CloseTimeout), fails pending Acquire calls with ErrClosed, closes the Lost
+// channel of every held handle, and returns once every goroutine the client started
+// has ended. It closes the rueidis client only if New created it. It is idempotent
+// and always returns nil; the error is there for io.Closer.
+func (c *Client) Close() error {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	if c.closed {
+		return nil
+	}
+	c.closed = true
+	c.engine.Close()
+	c.pubsub.Close()
+	if c.ownsRC {
+		c.rc.Close()
+	}
+	return nil
+}
+
+func (c *Client) isClosed() bool {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
+	return c.closed
+}
+
+// check validates what every call needs: an open client, a context, a name.
+func (c *Client) check(ctx context.Context, name string) error {
+	if ctx == nil {
+		return fmt.Errorf("%w: nil context (lock %q)", ErrInvalidArgument, name)
+	}
+	if name == "" {
+		return fmt.Errorf("%w: empty lock name", ErrInvalidArgument)
+	}
+	if c.isClosed() {
+		return engine.WrapError(name, ErrClosed)
+	}
+	return nil
+}
+
+// Stats returns the engine's counters: acquires, script calls, handoffs, waiters
+// and holds. For tests, metrics and the benchmark harness.
+func (c *Client) Stats(ctx context.Context) (engine.Stats, error) {
+	if c.isClosed() {
+		return engine.Stats{}, ErrClosed
+	}
+	return c.engine.Stats(ctx)
+}
+
+// redisErr wraps an error of a direct read, keeping context errors as they are.
+func redisErr(name string, err error) error {
+	if errors.Is(err, rueidis.ErrClosing) {
+		return engine.WrapError(name, ErrClosed)
+	}
+	return engine.WrapError(name, err)
+}

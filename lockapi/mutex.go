@@ -1,0 +1,170 @@
+package lockapi
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/leash-go/leash/engine"
+	"github.com/leash-go/leash/futures"
+	"github.com/redis/rueidis"
+)
+
+// Mutex is a handle on a reentrant distributed lock, laid out in Redis exactly as
+// Redisson's RLock, so Go and Java services can share it. A handle is one owner.
+// All methods are safe for concurrent use.
+type Mutex struct {
+	c     *Client
+	name  string
+	owner uint64
+}
+
+// Name returns the lock's name: the Redis key of its hash.
+func (m *Mutex) Name() string { return m.name }
+
+// Acquire asks for the lock and returns at once. The channel carries exactly one
+// value and is never closed:
+//
+//   - nil: the handle holds the lock (again, if it held it already). A received nil
+//     means held, whatever ctx did afterwards.
+//   - ctx's error, unchanged, when ctx ended first. If ctx ends after the grant was
+//     sent but before it was received, the grant is taken back and released, and
+//     the channel carries ctx's error: a caller that walks away never leaves the
+//     lock held by nobody.
+//   - ErrNotAcquired when WithWait's wait ran out; ErrClosed; ErrInvalidArgument; or
+//     a wrapped Redis error.
+//
+// Waiters of one lock in this process are served first come, first served.
+func (m *Mutex) Acquire(ctx context.Context, opts ...AcquireOption) <-chan error {
+	cfg := acquireConfig{wait: -1}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if err := m.c.check(ctx, m.name); err != nil {
+		return failed(err)
+	}
+	if cfg.err != nil {
+		return failed(engine.WrapError(m.name, cfg.err))
+	}
+	return m.c.engine.Acquire(ctx, engine.AcquireRequest{Lock: m.name, Owner: m.owner, Lease: cfg.lease, Wait: cfg.wait})
+}
+
+func failed(err error) <-chan error {
+	c := make(chan error, 1)
+	c <- err
+	return c
+}
+
+// Lock waits for the lock until ctx ends. It returns nil when held, ctx's error
+// (unchanged) when ctx ended first, or another error as Acquire's channel carries.
+func (m *Mutex) Lock(ctx context.Context, opts ...AcquireOption) error {
+	return <-m.Acquire(ctx, opts...)
+}
+
+// TryLock waits at most wait for the lock (0: a single attempt), holding it for
+// lease once acquired (0: renewed by the watchdog until Unlock). It returns true
+// when held; false with a nil error when the wait ran out; false with ctx's error
+// when ctx ended first; false with ErrInvalidArgument for a negative wait or lease.
+func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, error) {
+	opts := []AcquireOption{WithWait(wait)}
+	if lease != 0 {
+		opts = append(opts, WithLease(lease))
+	}
+	err := m.Lock(ctx, opts...)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, ErrNotAcquired):
+		return false, nil
+	default:
+		return false, err
+	}
+}
+
+// Unlock releases one hold (the hold count goes down by one; at zero the lock is
+// free and one waiter is woken in each process that has waiters). It returns
+// ErrNotHeld when this handle does not hold the lock, or its hold was lost.
+//
+// The release runs under the client's own bounded context even if ctx has already
+// ended, so a dead context never leaves the lock held until its lease runs out; ctx
+// only bounds how long Unlock waits for the answer.
+func (m *Mutex) Unlock(ctx context.Context) error {
+	if err := m.c.check(ctx, m.name); err != nil {
+		return err
+	}
+	return engine.WrapError(m.name, m.c.engine.Unlock(ctx, m.name, m.owner))
+}
+
+// ForceUnlock deletes the lock whoever holds it, waking its waiters, and reports
+// whether it was held. Holders in this client see their Lost channel close; holders
+// elsewhere find out at their next renewal.
+func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
+	if err := m.c.check(ctx, m.name); err != nil {
+		return false, err
+	}
+	ok, err := m.c.engine.ForceUnlock(ctx, m.name)
+	return ok, engine.WrapError(m.name, err)
+}
+
+// IsLocked reports whether anyone holds the lock.
+func (m *Mutex) IsLocked(ctx context.Context) (bool, error) {
+	if err := m.c.check(ctx, m.name); err != nil {
+		return false, err
+	}
+	rc := m.c.rc
+	n, err := rc.Do(ctx, rc.B().Exists().Key(m.name).Build()).AsInt64()
+	if err != nil {
+		return false, redisErr(m.name, err)
+	}
+	return n == 1, nil
+}
+
+// HoldCount returns how many times this handle holds the lock (0 when it does not).
+func (m *Mutex) HoldCount(ctx context.Context) (int, error) {
+	if err := m.c.check(ctx, m.name); err != nil {
+		return 0, err
+	}
+	rc := m.c.rc
+	n, err := rc.Do(ctx, rc.B().Hget().Key(m.name).Field(engine.OwnerField(m.c.opts.ClientID, m.owner)).Build()).AsInt64()
+	if rueidis.IsRedisNil(err) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, redisErr(m.name, err)
+	}
+	return int(n), nil
+}
+
+// RemainTTL returns how long the lock's current lease has left, whoever holds it: 0
+// when nobody holds it, and -1 when it is held without an expiry (a foreign client's
+// persistent key).
+func (m *Mutex) RemainTTL(ctx context.Context) (time.Duration, error) {
+	if err := m.c.check(ctx, m.name); err != nil {
+		return 0, err
+	}
+	rc := m.c.rc
+	ms, err := rc.Do(ctx, rc.B().Pttl().Key(m.name).Build()).AsInt64()
+	if err != nil {
+		return 0, redisErr(m.name, err)
+	}
+	switch {
+	case ms == -2:
+		return 0, nil
+	case ms < 0:
+		return -1, nil
+	}
+	return time.Duration(ms) * time.Millisecond, nil
+}
+
+// Lost returns a channel that is closed when this handle's current hold is lost:
+// its lease ran out, a renewal failed or found the lock gone, the lock was
+// force-released, or the client closed. It is closed before the lease could have
+// expired on the server. The channel is never sent on. It is already closed when
+// the handle holds nothing; a clean Unlock does not close it. Call Lost after each
+// acquisition: a new hold has a new channel.
+func (m *Mutex) Lost() <-chan struct{} {
+	if m.name == "" || m.c.isClosed() {
+		return futures.FiredC()
+	}
+	return m.c.engine.Lost(m.name, m.owner)
+}

@@ -1,0 +1,136 @@
+package lockapi
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// Defaults of Options, exported so callers can derive from them.
+const (
+	// DefaultWatchdogTimeout is the lease of a lock acquired without WithLease; the
+	// watchdog renews it every third of it. Redisson's default too.
+	DefaultWatchdogTimeout = 30 * time.Second
+	// MinWatchdogTimeout is the shortest WatchdogTimeout accepted: renewals run on a
+	// millisecond wheel and need a few round trips of slack.
+	MinWatchdogTimeout = 50 * time.Millisecond
+	// DefaultFairWaitTimeout is how long a fair-lock waiter may be gone before it
+	// loses its place in the queue. Redisson's default since 2020.
+	DefaultFairWaitTimeout = 5 * time.Minute
+	// DefaultOpTimeout bounds each Redis call leash makes.
+	DefaultOpTimeout = 10 * time.Second
+	// DefaultCloseTimeout bounds the releases Close makes.
+	DefaultCloseTimeout = 5 * time.Second
+	// DefaultDialTimeout bounds New's first connection and PING.
+	DefaultDialTimeout = 5 * time.Second
+)
+
+// Options configure a Client. The zero value of every field means its default.
+type Options struct {
+	// Addrs are the Redis server addresses ("host:port"). Required unless Client is
+	// set. With one address leash talks to a standalone server.
+	Addrs []string
+	// Client, when set, is an existing rueidis client to use instead of dialling
+	// Addrs; Addrs, Username, Password and DB are then ignored. Close does not close
+	// it. Default: nil.
+	Client rueidis.Client
+	// Username and Password authenticate (Redis ACL / requirepass). Default: none.
+	Username string
+	Password string
+	// DB selects the database. Default 0; negative is invalid.
+	DB int
+	// ClientID identifies this client in lock owner fields
+	// ("<ClientID>:<handle number>"), as Redisson's per-client UUID does. It must be
+	// unique among all clients sharing locks. Default: a random UUID.
+	ClientID string
+	// WatchdogTimeout is the lease of locks acquired without WithLease; the watchdog
+	// renews them every WatchdogTimeout/3. Default DefaultWatchdogTimeout; at least
+	// MinWatchdogTimeout.
+	WatchdogTimeout time.Duration
+	// FairWaitTimeout is how long a fair-lock waiter whose process stopped
+	// refreshing may keep its place in the queue. Default DefaultFairWaitTimeout.
+	FairWaitTimeout time.Duration
+	// OpTimeout bounds each Redis call. Default DefaultOpTimeout.
+	OpTimeout time.Duration
+	// CloseTimeout bounds the releases Close makes. Default DefaultCloseTimeout.
+	CloseTimeout time.Duration
+	// DialTimeout bounds New's first connection and PING. Default DefaultDialTimeout.
+	DialTimeout time.Duration
+}
+
+// withDefaults validates o and fills in defaults.
+func (o Options) withDefaults() (Options, error) {
+	if o.Client == nil && len(o.Addrs) == 0 {
+		return o, fmt.Errorf("%w: Options needs Addrs or Client", ErrInvalidArgument)
+	}
+	for _, a := range o.Addrs {
+		if a == "" && o.Client == nil {
+			return o, fmt.Errorf("%w: empty address in Options.Addrs", ErrInvalidArgument)
+		}
+	}
+	if o.DB < 0 {
+		return o, fmt.Errorf("%w: Options.DB is negative (%d)", ErrInvalidArgument, o.DB)
+	}
+	durations := []struct {
+		name string
+		d    *time.Duration
+		def  time.Duration
+	}{
+		{"WatchdogTimeout", &o.WatchdogTimeout, DefaultWatchdogTimeout},
+		{"FairWaitTimeout", &o.FairWaitTimeout, DefaultFairWaitTimeout},
+		{"OpTimeout", &o.OpTimeout, DefaultOpTimeout},
+		{"CloseTimeout", &o.CloseTimeout, DefaultCloseTimeout},
+		{"DialTimeout", &o.DialTimeout, DefaultDialTimeout},
+	}
+	for _, f := range durations {
+		switch {
+		case *f.d < 0:
+			return o, fmt.Errorf("%w: Options.%s is negative (%v)", ErrInvalidArgument, f.name, *f.d)
+		case *f.d == 0:
+			*f.d = f.def
+		}
+	}
+	if o.WatchdogTimeout < MinWatchdogTimeout {
+		return o, fmt.Errorf("%w: Options.WatchdogTimeout %v is below %v", ErrInvalidArgument, o.WatchdogTimeout, MinWatchdogTimeout)
+	}
+	if o.ClientID == "" {
+		o.ClientID = randomUUID()
+	}
+	return o, nil
+}
+
+// AcquireOption adjusts one Acquire or Lock call.
+type AcquireOption func(*acquireConfig)
+
+type acquireConfig struct {
+	lease time.Duration
+	wait  time.Duration // < 0: until ctx ends
+	err   error
+}
+
+// WithLease gives the hold a fixed lease: it ends by itself after d unless
+// unlocked first, and is never renewed. Without it the watchdog renews the lease for
+// as long as the lock is held. d must be positive.
+func WithLease(d time.Duration) AcquireOption {
+	return func(c *acquireConfig) {
+		if d <= 0 {
+			c.err = fmt.Errorf("%w: lease must be positive, got %v", ErrInvalidArgument, d)
+			return
+		}
+		c.lease = d
+	}
+}
+
+// WithWait bounds how long to wait for the lock: after d the call ends with
+// ErrNotAcquired (or the last Redis error, if Redis could not be reached). Zero
+// means a single attempt. Without it, the call waits until its context ends.
+func WithWait(d time.Duration) AcquireOption {
+	return func(c *acquireConfig) {
+		if d < 0 {
+			c.err = fmt.Errorf("%w: wait must not be negative, got %v", ErrInvalidArgument, d)
+			return
+		}
+		c.wait = d
+	}
+}

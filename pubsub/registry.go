@@ -1,0 +1,278 @@
+// Package pubsub keeps leash's unlock-channel subscriptions: one subscription per
+// channel name for the whole client, on one dedicated rueidis connection (rueidis's
+// SetPubSubHooks route, on which channels can be added and removed at any time).
+//
+// The engine is the registry's only user and owns the reference counting: it
+// subscribes a lock's channel when the lock's first local waiter parks and
+// unsubscribes it when the last one leaves, never with both in flight at once.
+//
+// Messages are handed to a callback that runs on rueidis's read goroutine; it must
+// not block (the engine's marks "wake pending" and returns). When the connection
+// drops, the registry dials a new one, subscribes every live channel again and then
+// calls the reconnect callback, because messages published meanwhile are lost: the
+// engine answers by retrying the head waiter of every lock, so no wake-up is lost.
+package pubsub
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"time"
+
+	"github.com/redis/rueidis"
+)
+
+// ErrDisconnected is returned by Subscribe while the registry has no connection. The
+// channel is still registered: it is subscribed on reconnect, after which the
+// reconnect callback runs.
+var ErrDisconnected = errors.New("leash: pub/sub connection is down")
+
+// ErrClosed is returned by Subscribe after Close.
+var ErrClosed = errors.New("leash: pub/sub registry closed")
+
+// Handler receives one published message. It runs on rueidis's read goroutine and
+// must not block.
+type Handler func(channel, message string)
+
+// Registry is a set of subscribed channels over one dedicated connection that is
+// re-dialled after it drops. Its methods are safe for concurrent use.
+type Registry struct {
+	client      rueidis.Client
+	onMessage   Handler
+	onReconnect func()
+
+	mu       sync.Mutex
+	channels map[string]struct{}        // channels that should be subscribed
+	pending  map[string][]chan struct{} // Subscribe calls waiting for the server's confirmation
+	conn     *connection                // nil while disconnected
+	started  bool
+	closed   bool
+
+	done chan struct{}  // closed by Close; stops the connection loop
+	wg   sync.WaitGroup // the connection loop
+}
+
+// connection is one dedicated pub/sub connection.
+type connection struct {
+	dc   rueidis.DedicatedClient
+	lost chan struct{} // closed when the connection is gone
+}
+
+// Backoff bounds for re-dialling a dropped connection.
+const (
+	minBackoff = 20 * time.Millisecond
+	maxBackoff = time.Second
+)
+
+// New returns a registry over client. Nothing is dialled until the first Subscribe.
+// onMessage gets every message; onReconnect runs whenever a new connection has
+// subscribed channels that were registered before it existed (after a drop, or
+// after a Subscribe that returned ErrDisconnected), since messages may have been
+// missed on them.
+func New(client rueidis.Client, onMessage Handler, onReconnect func()) *Registry {
+	return &Registry{
+		client:      client,
+		onMessage:   onMessage,
+		onReconnect: onReconnect,
+		channels:    make(map[string]struct{}),
+		pending:     make(map[string][]chan struct{}),
+		done:        make(chan struct{}),
+	}
+}
+
+// Subscribe registers channel and, when connected, subscribes it and waits for the
+// server's confirmation. It returns nil once messages on channel will be delivered;
+// ErrDisconnected when there is no connection right now (the channel stays registered
+// and is subscribed on reconnect); ctx's error; ErrClosed after Close; or the
+// connection's error.
+func (r *Registry) Subscribe(ctx context.Context, channel string) error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return ErrClosed
+	}
+	r.channels[channel] = struct{}{}
+	if !r.started {
+		r.started = true
+		r.wg.Add(1)
+		go r.run()
+	}
+	conn := r.conn
+	if conn == nil {
+		r.mu.Unlock()
+		return ErrDisconnected
+	}
+	confirmed := make(chan struct{})
+	r.pending[channel] = append(r.pending[channel], confirmed)
+	r.mu.Unlock()
+
+	if err := conn.dc.Do(ctx, conn.dc.B().Subscribe().Channel(channel).Build()).Error(); err != nil {
+		r.dropPending(channel, confirmed)
+		return err
+	}
+	select {
+	case <-confirmed:
+		return nil
+	case <-conn.lost:
+		r.dropPending(channel, confirmed)
+		return ErrDisconnected
+	case <-ctx.Done():
+		r.dropPending(channel, confirmed)
+		return ctx.Err()
+	case <-r.done:
+		return ErrClosed
+	}
+}
+
+func (r *Registry) dropPending(channel string, c chan struct{}) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	list := r.pending[channel]
+	for i, p := range list {
+		if p == c {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(r.pending, channel)
+	} else {
+		r.pending[channel] = list
+	}
+}
+
+// Unsubscribe forgets channel and, when connected, unsubscribes it. Errors are not
+// reported: a stale subscription only costs a message the engine ignores.
+func (r *Registry) Unsubscribe(ctx context.Context, channel string) {
+	r.mu.Lock()
+	delete(r.channels, channel)
+	conn := r.conn
+	r.mu.Unlock()
+	if conn != nil {
+		_ = conn.dc.Do(ctx, conn.dc.B().Unsubscribe().Channel(channel).Build()).Error()
+	}
+}
+
+// Channels returns how many channels are registered (for tests and metrics).
+func (r *Registry) Channels() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.channels)
+}
+
+// Close stops the connection loop and waits for it. It is idempotent.
+func (r *Registry) Close() {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return
+	}
+	r.closed = true
+	close(r.done)
+	r.mu.Unlock()
+	r.wg.Wait()
+}
+
+// run keeps one connection alive until Close, re-dialling with backoff.
+func (r *Registry) run() {
+	defer r.wg.Done()
+	backoff := minBackoff
+	for reconnect := false; ; reconnect = true {
+		if ok := r.serve(reconnect, &backoff); !ok {
+			return
+		}
+		select {
+		case <-time.After(backoff):
+		case <-r.done:
+			return
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+}
+
+// serve dials one connection, subscribes every registered channel, and blocks until
+// the connection drops (true) or the registry closes (false).
+func (r *Registry) serve(reconnect bool, backoff *time.Duration) bool {
+	dc, release := r.client.Dedicate()
+	defer release()
+	conn := &connection{dc: dc, lost: make(chan struct{})}
+	wait := dc.SetPubSubHooks(rueidis.PubSubHooks{
+		OnMessage:      func(m rueidis.PubSubMessage) { r.onMessage(m.Channel, m.Message) },
+		OnSubscription: r.onSubscription,
+	})
+	// Register the connection before taking the snapshot, under one lock: a channel
+	// added after this point is subscribed by its own Subscribe call.
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		dc.Close()
+		<-wait
+		return false
+	}
+	r.conn = conn
+	snapshot := make([]string, 0, len(r.channels))
+	for ch := range r.channels {
+		snapshot = append(snapshot, ch)
+	}
+	r.mu.Unlock()
+
+	ok := true
+	if len(snapshot) > 0 || !reconnect {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var err error
+		if len(snapshot) > 0 {
+			err = dc.Do(ctx, dc.B().Subscribe().Channel(snapshot...).Build()).Error()
+		} else {
+			err = dc.Do(ctx, dc.B().Ping().Build()).Error()
+		}
+		cancel()
+		ok = err == nil
+	}
+	if ok {
+		*backoff = minBackoff
+		// Channels subscribed here, rather than by their own Subscribe call, may have
+		// missed messages (their Subscribe returned ErrDisconnected, or the previous
+		// connection dropped): tell the engine.
+		if len(snapshot) > 0 {
+			r.onReconnect()
+		}
+		select {
+		case <-wait:
+		case <-r.done:
+		}
+	}
+	r.mu.Lock()
+	r.conn = nil
+	closed := r.closed
+	r.mu.Unlock()
+	close(conn.lost)
+	dc.Close()
+	<-wait
+	return !closed
+}
+
+func (r *Registry) onSubscription(s rueidis.PubSubSubscription) {
+	if s.Kind != "subscribe" {
+		return
+	}
+	r.mu.Lock()
+	waiting := r.pending[s.Channel]
+	delete(r.pending, s.Channel)
+	r.mu.Unlock()
+	for _, c := range waiting {
+		close(c)
+	}
+}
+
+// Start dials the connection now instead of at the first Subscribe, so the first
+// waiter does not pay for it. It is idempotent.
+func (r *Registry) Start() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.started || r.closed {
+		return
+	}
+	r.started = true
+	r.wg.Add(1)
+	go r.run()
+}
