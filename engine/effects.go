@@ -28,12 +28,12 @@ func (fx *effects) reset() {
 type purpose uint8
 
 const (
-	purposeAttempt   purpose = iota + 1 // acquire for a waiter
-	purposeHandoff                      // release by a local owner and grant to the local head, in one call
-	purposeUnlock                       // release one hold
-	purposeAbandon                      // give back a grant nobody received, or a lost hold (owner-guarded)
-	purposeForce                        // force-release
-	purposeRenew                        // watchdog renewal of a batch of holds
+	purposeAttempt purpose = iota + 1 // acquire for a waiter
+	purposeHandoff                    // release by a local owner and grant to the local head, in one call
+	purposeUnlock                     // release one hold
+	purposeAbandon                    // give back a grant nobody received, or a lost hold (owner-guarded)
+	purposeForce                      // force-release
+	purposeRenew                      // watchdog renewal of a batch of holds
 )
 
 // scriptCall is one script to run, with what the machine needs to read its reply.

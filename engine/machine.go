@@ -46,12 +46,12 @@ type machine struct {
 	holds         map[holdKey]*hold
 	holdByID      map[uint64]*hold
 
-	nextID         uint64 // ids of locks and holds
-	watchdogHolds  int    // holds renewed by the watchdog
-	sweepArmed     bool
-	closing        bool
-	stats          Stats
-	fx             effects
+	nextID        uint64 // ids of locks and holds
+	watchdogHolds int    // holds renewed by the watchdog
+	sweepArmed    bool
+	closing       bool
+	stats         Stats
+	fx            effects
 }
 
 func newMachine(cfg config) *machine {
