@@ -52,11 +52,12 @@ type scriptCall struct {
 
 // Timer kinds (timer.Key.Kind).
 const (
-	kindRetry  uint8 = iota + 1 // a lock's head waiter retries (TTL deadline, backoff)
-	kindWait                    // a waiter's wait ran out
-	kindExpiry                  // a hold's lease may run out: close its Lost
-	kindSweep                   // the watchdog's renewal sweep
-	kindLinger                  // an idle lock's subscription may be dropped
+	kindRetry     uint8 = iota + 1 // a lock's head waiter retries (TTL deadline, backoff)
+	kindWait                       // a waiter's wait ran out
+	kindExpiry                     // a hold's lease may run out: close its Lost
+	kindSweep                      // the watchdog's renewal sweep
+	kindLinger                     // an idle lock's subscription may be dropped
+	kindFairRetry                  // a fair-lock waiter retries (the one ahead may have timed out)
 )
 
 // timerOp arms (d >= 0) or cancels (cancel) one timer entry.
@@ -70,5 +71,6 @@ type timerOp struct {
 type subOp struct {
 	lock        uint64
 	channel     string
+	pattern     bool // channel is a glob pattern (PSUBSCRIBE)
 	unsubscribe bool
 }

@@ -22,6 +22,10 @@ type Subscriber interface {
 	Subscribe(ctx context.Context, channel string) error
 	// Unsubscribe drops channel.
 	Unsubscribe(ctx context.Context, channel string)
+	// PSubscribe and PUnsubscribe do the same for a glob pattern; fair locks need
+	// them.
+	PSubscribe(ctx context.Context, pattern string) error
+	PUnsubscribe(ctx context.Context, pattern string)
 }
 
 // Config configures an Engine.
@@ -49,6 +53,9 @@ type Config struct {
 	HandoffAge   time.Duration
 	// Linger is how long an idle lock keeps its subscription. Default 250 ms.
 	Linger time.Duration
+	// FairWait is the fair lock's wait allowance (Redisson's fairLockWaitTimeout):
+	// how long a queued waiter whose process is gone keeps its place. Default 5 min.
+	FairWait time.Duration
 }
 
 // Engine is the loop around the state machine. Its methods are safe for concurrent
@@ -107,6 +114,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.Linger == 0 {
 		cfg.Linger = 250 * time.Millisecond
 	}
+	if cfg.FairWait <= 0 {
+		cfg.FairWait = 5 * time.Minute
+	}
 	e := &Engine{
 		m: newMachine(config{
 			clientID:     cfg.ClientID,
@@ -114,6 +124,7 @@ func New(cfg Config) (*Engine, error) {
 			handoffChain: cfg.HandoffChain,
 			handoffAge:   cfg.HandoffAge,
 			linger:       cfg.Linger,
+			fairWait:     cfg.FairWait,
 		}),
 		runner:    cfg.Runner,
 		sub:       cfg.Subscriber,
@@ -151,6 +162,7 @@ func (e *Engine) NotifyResubscribed() { e.mail.post(resubscribed{}) }
 type AcquireRequest struct {
 	Lock  string
 	Owner uint64
+	Fair  bool          // the fair (FIFO across processes) protocol
 	Lease time.Duration // 0: watchdog
 	Wait  time.Duration // < 0: until ctx ends; 0: one attempt; > 0: at most this long
 }
@@ -169,7 +181,7 @@ func (e *Engine) Acquire(ctx context.Context, req AcquireRequest) <-chan error {
 	if ctx.Done() != nil {
 		stop = context.AfterFunc(ctx, func() { e.mail.post(cancelMsg{id: id, err: ctx.Err()}) })
 	}
-	msg := acquireMsg{id: id, lock: req.Lock, owner: req.Owner, lease: req.Lease, wait: req.Wait, ctx: ctx, stop: stop, future: f}
+	msg := acquireMsg{id: id, lock: req.Lock, owner: req.Owner, fair: req.Fair, lease: req.Lease, wait: req.Wait, ctx: ctx, stop: stop, future: f}
 	if err := e.send(ctx, msg); err != nil {
 		if stop != nil {
 			stop()
@@ -192,9 +204,9 @@ func (e *Engine) Unlock(ctx context.Context, lock string, owner uint64) error {
 }
 
 // ForceUnlock deletes lock whoever holds it and reports whether it existed.
-func (e *Engine) ForceUnlock(ctx context.Context, lock string) (bool, error) {
+func (e *Engine) ForceUnlock(ctx context.Context, lock string, fair bool) (bool, error) {
 	f := futures.New[forceResult]()
-	if err := e.send(ctx, forceUnlockMsg{lock: lock, future: f}); err != nil {
+	if err := e.send(ctx, forceUnlockMsg{lock: lock, fair: fair, future: f}); err != nil {
 		return false, err
 	}
 	select {
@@ -348,11 +360,21 @@ func (e *Engine) runSub(op subOp) {
 	defer e.ioWG.Done()
 	ctx, cancel := context.WithTimeout(e.ioCtx, e.opTimeout)
 	defer cancel()
-	if op.unsubscribe {
+	switch {
+	case op.unsubscribe && op.pattern:
+		e.sub.PUnsubscribe(ctx, op.channel)
+	case op.unsubscribe:
 		e.sub.Unsubscribe(ctx, op.channel)
+	}
+	if op.unsubscribe {
 		e.mail.post(unsubscribeDone{lock: op.lock})
 		return
 	}
-	err := e.sub.Subscribe(ctx, op.channel)
+	var err error
+	if op.pattern {
+		err = e.sub.PSubscribe(ctx, op.channel)
+	} else {
+		err = e.sub.Subscribe(ctx, op.channel)
+	}
 	e.mail.post(subscribeDone{lock: op.lock, err: err})
 }

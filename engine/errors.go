@@ -20,7 +20,13 @@ var (
 	// ErrLockLost: a hold ended without an Unlock (renewal found the lock gone, or
 	// the lease could have expired before a renewal succeeded).
 	ErrLockLost = errors.New("leash: lock lost")
+	// ErrInvalidArgument: input that cannot work (empty name, negative duration, nil
+	// context, one lock name used as both Mutex and FairMutex in one client).
+	ErrInvalidArgument = errors.New("leash: invalid argument")
 )
+
+// errKindMismatch: one client uses a lock name with both protocols.
+var errKindMismatch = fmt.Errorf("%w: the lock is in use as the other kind (Mutex vs FairMutex) in this client", ErrInvalidArgument)
 
 // WrapError adds the lock's name to err. Context errors pass through unchanged, so
 // err == ctx.Err() holds for a caller whose context ended; nil stays nil. Sentinels
@@ -29,6 +35,8 @@ func WrapError(lock string, err error) error {
 	switch err {
 	case nil, context.Canceled, context.DeadlineExceeded:
 		return err
+	case errKindMismatch:
+		return fmt.Errorf("%w (lock %q)", err, lock)
 	case ErrNotHeld, ErrClosed, ErrNotAcquired, ErrLockLost:
 		return fmt.Errorf("%w (lock %q)", err, lock)
 	default:

@@ -101,7 +101,7 @@ func (m *machine) onExpiry(id uint64, now time.Time) {
 func (m *machine) loseHold(h *hold, release bool) {
 	h.lost.Fire()
 	if release {
-		m.abandon(h.lock.name, h.field, h.lock.id, 0)
+		m.abandon(h.lock, h.field, 0)
 	}
 	m.dropHold(h)
 }
@@ -133,20 +133,24 @@ func (m *machine) dropHold(h *hold) {
 // releaseOne gives back one count of h: a grant nobody received.
 func (m *machine) releaseOne(h *hold) {
 	h.count--
-	m.abandon(h.lock.name, h.field, h.lock.id, 1)
+	m.abandon(h.lock, h.field, 1)
 	if h.count <= 0 {
 		m.dropHold(h)
 	}
 }
 
 // abandon runs the owner-guarded release of drop holds (0: all) of field.
-func (m *machine) abandon(name, field string, lockID uint64, drop int) {
+func (m *machine) abandon(l *lockState, field string, drop int) {
+	keys := []string{l.name, l.channel}
+	if l.fair != nil {
+		keys = append(keys, l.fair.queue)
+	}
 	m.run(scriptCall{
 		script:  scripts.LockReleaseOwner,
-		keys:    []string{name, channelName(name)},
+		keys:    keys,
 		args:    []string{unlockMessage, field, strconv.Itoa(drop)},
 		purpose: purposeAbandon,
-		lock:    lockID,
+		lock:    l.id,
 	})
 }
 
@@ -168,6 +172,18 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	}
 	if w := m.handoffTarget(l, h, now); w != nil {
 		m.handoff(l, h, w, msg.future, now)
+		return
+	}
+	if l.fair != nil {
+		m.run(scriptCall{
+			script:  scripts.FairRelease,
+			keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel},
+			args:    []string{unlockMessage, millis(m.leaseOf(h.lease)), h.field, wallMillis(now)},
+			purpose: purposeUnlock,
+			lock:    l.id,
+			hold:    h.id,
+			unlock:  msg.future,
+		})
 		return
 	}
 	m.run(scriptCall{
@@ -194,6 +210,14 @@ func (m *machine) handoffTarget(l *lockState, h *hold, now time.Time) *waiter {
 	if w == nil || h.count != 1 || l.attempting != nil || len(l.holders) != 1 || m.cfg.handoffChain <= 0 {
 		return nil
 	}
+	if l.fair != nil {
+		// The script hands over only if w heads the Redis queue, so FIFO across
+		// processes holds without a bound.
+		if !w.enqueued {
+			return nil
+		}
+		return w
+	}
 	if l.chain > 0 && (l.chain >= m.cfg.handoffChain || now.Sub(l.chainStart) >= m.cfg.handoffAge) {
 		return nil
 	}
@@ -208,6 +232,20 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	l.attempting = w
 	l.wakePending = false
 	w.attempting = true
+	if l.fair != nil {
+		m.run(scriptCall{
+			script: scripts.FairHandoff,
+			keys:   []string{l.name, l.fair.queue, l.fair.timeout, l.channel},
+			args: []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)),
+				millis(m.cfg.fairWait), wallMillis(now), unlockMessage},
+			purpose: purposeHandoff,
+			lock:    l.id,
+			waiter:  w.id,
+			hold:    h.id,
+			unlock:  future,
+		})
+		return
+	}
 	m.run(scriptCall{
 		script:  scripts.LockHandoff,
 		keys:    []string{l.name},
@@ -275,9 +313,15 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		m.stats.Handoffs++
 		if w != nil {
 			m.grant(w, d.sentAt, now)
-		} else {
-			m.abandon(d.call.keys[0], d.call.args[2], d.call.lock, 1)
+		} else if l != nil {
+			m.abandon(l, d.call.args[2], 1)
 		}
+	case d.reply.Int == 1: // fair lock: released to another process's waiter, ahead in the queue
+		if h != nil {
+			m.dropHold(h)
+		}
+		d.call.unlock.Complete(nil)
+		m.handoffRefused(w)
 	case d.reply.Nil: // the releasing owner had lost the lock: the waiter retries normally
 		if h != nil {
 			m.loseHold(h, false)
@@ -311,12 +355,28 @@ func (m *machine) handoffRefused(w *waiter) {
 
 // ---- force unlock, Lost ----
 
-func (m *machine) onForceUnlock(msg forceUnlockMsg) {
+func (m *machine) onForceUnlock(msg forceUnlockMsg, now time.Time) {
 	if m.closing {
 		msg.future.Complete(forceResult{err: ErrClosed})
 		return
 	}
-	l := m.lockFor(msg.lock)
+	l := m.lockFor(msg.lock, msg.fair)
+	if (l.fair != nil) != msg.fair {
+		msg.future.Complete(forceResult{err: errKindMismatch})
+		m.maybeForget(l)
+		return
+	}
+	if l.fair != nil {
+		m.run(scriptCall{
+			script:  scripts.FairForceRelease,
+			keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel},
+			args:    []string{unlockMessage, wallMillis(now)},
+			purpose: purposeForce,
+			lock:    l.id,
+			force:   msg.future,
+		})
+		return
+	}
 	m.run(scriptCall{
 		script:  scripts.LockForceRelease,
 		keys:    []string{l.name, l.channel},

@@ -20,6 +20,9 @@ type config struct {
 	handoffAge   time.Duration
 	// linger is how long an idle lock keeps its subscription.
 	linger time.Duration
+	// fairWait is the fair lock's wait allowance: how long a queued waiter may be
+	// gone before it loses its place (Redisson's fairLockWaitTimeout).
+	fairWait time.Duration
 }
 
 // Retry and sweep constants.
@@ -75,7 +78,7 @@ func (m *machine) handle(msg message, now time.Time) {
 	case unlockMsg:
 		m.onUnlock(msg, now)
 	case forceUnlockMsg:
-		m.onForceUnlock(msg)
+		m.onForceUnlock(msg, now)
 	case lostMsg:
 		m.onLost(msg)
 	case closeMsg:
@@ -93,9 +96,9 @@ func (m *machine) handle(msg message, now time.Time) {
 	case timerFired:
 		m.onTimer(msg.key, now)
 	case unlockNotice:
-		m.onUnlockNotice(msg.channel)
+		m.onUnlockNotice(msg.channel, now)
 	case resubscribed:
-		m.onResubscribed()
+		m.onResubscribed(now)
 	}
 }
 
@@ -104,6 +107,7 @@ type lockState struct {
 	id      uint64
 	name    string
 	channel string
+	fair    *fairKeys // nil for the reentrant lock
 
 	queue queue // waiters in arrival order; the head is the one that retries
 
@@ -121,6 +125,7 @@ type lockState struct {
 	retryGen   uint64 // generation of the armed retry timer; 0 = none armed
 	lingerGen  uint64
 	backoff    time.Duration
+	backingOff bool // a transport error: no attempt until the retry timer fires
 
 	holders []*hold // local holds of this lock (one for an exclusive lock)
 	// chain counts local handoffs since the lock was last released to everyone;
@@ -138,12 +143,16 @@ const (
 	subUnsubscribing
 )
 
-func (m *machine) lockFor(name string) *lockState {
+func (m *machine) lockFor(name string, fair bool) *lockState {
 	if l := m.locks[name]; l != nil {
 		return l
 	}
 	m.nextID++
 	l := &lockState{id: m.nextID, name: name, channel: channelName(name)}
+	if fair {
+		k := newFairKeys(name, m.cfg.clientID)
+		l.fair = &k
+	}
 	m.locks[name] = l
 	m.lockByID[l.id] = l
 	m.lockByChannel[l.channel] = l
@@ -192,7 +201,12 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 		m.complete(msg.future, msg.stop, err)
 		return
 	}
-	l := m.lockFor(msg.lock)
+	l := m.lockFor(msg.lock, msg.fair)
+	if (l.fair != nil) != msg.fair {
+		m.complete(msg.future, msg.stop, WrapError(msg.lock, errKindMismatch))
+		m.maybeForget(l)
+		return
+	}
 	w := &waiter{
 		id:     msg.id,
 		lock:   l,
@@ -215,7 +229,7 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 	if m.holds[holdKey{l.id, w.owner}] != nil || msg.wait == 0 {
 		w.oneShot = msg.wait == 0
 		w.direct = true
-		m.attempt(w)
+		m.attempt(w, now)
 		return
 	}
 	l.queue.push(w)
@@ -226,6 +240,13 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 // free. When this process holds the lock itself, the head waits: the holder's
 // Unlock hands over, and the retry timer covers a holder whose lease runs out.
 func (m *machine) advance(l *lockState, now time.Time) {
+	if l.backingOff {
+		return
+	}
+	if l.fair != nil {
+		m.fairAdvance(l, now)
+		return
+	}
 	if l.attempting != nil || l.queue.head == nil || m.closing {
 		return
 	}
@@ -233,19 +254,23 @@ func (m *machine) advance(l *lockState, now time.Time) {
 		m.park(l, m.localHoldTTL(l, now), now)
 		return
 	}
-	m.startAttempt(l)
+	m.startAttempt(l, now)
 }
 
-func (m *machine) startAttempt(l *lockState) {
+func (m *machine) startAttempt(l *lockState, now time.Time) {
 	w := l.queue.head
 	l.attempting = w
 	l.wakePending = false
-	m.attempt(w)
+	m.attempt(w, now)
 }
 
-func (m *machine) attempt(w *waiter) {
+func (m *machine) attempt(w *waiter, now time.Time) {
 	w.attempting = true
 	m.stats.Attempts++
+	if w.lock.fair != nil {
+		m.fairAttempt(w, now)
+		return
+	}
 	m.run(scriptCall{
 		script:  scripts.LockAcquire,
 		keys:    []string{w.lock.name},
@@ -309,8 +334,8 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 	granted := d.err == nil && d.reply.Nil
 	if w == nil {
 		// The waiter is gone (cancelled, closed): give back what the script granted.
-		if granted {
-			m.abandon(d.call.keys[0], d.call.args[1], d.call.lock, 1)
+		if granted && l != nil {
+			m.abandon(l, d.call.args[1], 1)
 		}
 		if l != nil {
 			m.advance(l, now)
@@ -321,9 +346,12 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 	w.attempting = false
 	switch {
 	case granted:
+		l.chain = 0 // a normal acquisition ends any chain of local handoffs
 		m.grant(w, d.sentAt, now)
 	case d.err != nil:
 		m.attemptFailed(w, d.err, now)
+	case l.fair != nil:
+		m.fairRefused(w, time.Duration(d.reply.Int)*time.Millisecond, now)
 	default:
 		m.attemptRefused(w, time.Duration(d.reply.Int)*time.Millisecond, now)
 	}
@@ -349,14 +377,14 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 		l.queue.push(w)
 	}
 	l.backoff = min(max(2*l.backoff, minBackoff), maxBackoff)
-	if l.queue.head == w {
-		m.armRetry(l, l.backoff)
-	}
+	l.backingOff = true
+	m.armRetry(l, l.backoff)
 }
 
 func (m *machine) attemptRefused(w *waiter, ttl time.Duration, now time.Time) {
 	l := w.lock
 	l.backoff = 0
+	l.backingOff = false
 	switch {
 	case w.cancelErr != nil:
 		m.finish(w, w.cancelErr)
@@ -397,6 +425,10 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 	}
 	delete(m.waiters, w.id)
 	m.cancelWait(w)
+	w.enqueued = false // the script took it out of the Redis queue
+	if w.retryGen != 0 {
+		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
+	}
 	h := m.addHold(l, w.owner, w.lease, sentAt, now)
 	m.stats.Grants++
 
@@ -423,7 +455,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 		m.receipts[r.id] = r
 		h.receipts = append(h.receipts, r.id)
 	}
-	if l.queue.len > 0 {
+	if l.queue.len > 0 && l.fair == nil {
 		m.park(l, m.leaseOf(w.lease), now)
 	}
 }
@@ -436,6 +468,9 @@ func (m *machine) finish(w *waiter, err error) {
 	}
 	delete(m.waiters, w.id)
 	m.cancelWait(w)
+	if w.enqueued {
+		m.fairLeave(w)
+	}
 	if w.stop != nil {
 		w.stop()
 	}
@@ -491,9 +526,13 @@ func (m *machine) onCancel(msg cancelMsg, now time.Time) {
 }
 
 // onUnlockNotice: one unlock message is one permit for the head waiter to retry.
-func (m *machine) onUnlockNotice(channel string) {
+func (m *machine) onUnlockNotice(channel string, now time.Time) {
 	l := m.lockByChannel[channel]
-	if l == nil || l.queue.head == nil {
+	if l == nil {
+		m.fairNotice(channel, now)
+		return
+	}
+	if l.queue.head == nil || l.fair != nil {
 		return
 	}
 	m.stats.Notices++
@@ -501,21 +540,25 @@ func (m *machine) onUnlockNotice(channel string) {
 		l.wakePending = true
 		return
 	}
-	m.startAttempt(l)
+	m.startAttempt(l, now)
 }
 
 // onResubscribed: messages may have been lost while the pub/sub connection was
 // down, so the head waiter of every lock with waiters retries.
-func (m *machine) onResubscribed() {
+func (m *machine) onResubscribed(now time.Time) {
 	for _, l := range m.locks {
 		if l.queue.head == nil {
+			continue
+		}
+		if l.fair != nil {
+			m.fairWakeFirst(l, now)
 			continue
 		}
 		if l.attempting != nil {
 			l.wakePending = true
 			continue
 		}
-		m.startAttempt(l)
+		m.startAttempt(l, now)
 	}
 }
 
@@ -526,7 +569,7 @@ func (m *machine) subscribe(l *lockState) {
 	case subNone:
 		l.sub = subSubscribing
 		m.stats.Subscribes++
-		m.fx.subs = append(m.fx.subs, subOp{lock: l.id, channel: l.channel})
+		m.fx.subs = append(m.fx.subs, m.subOp(l, false))
 	case subSubscribed:
 		if l.lingerGen != 0 {
 			m.cancelTimer(timer.Key{Kind: kindLinger, ID: l.id, Gen: l.lingerGen})
@@ -549,10 +592,13 @@ func (m *machine) onSubscribed(msg subscribeDone, now time.Time) {
 	}
 	// A release between the refused attempt and the subscription went unheard:
 	// retry once now that messages will arrive.
-	if l.attempting != nil {
+	switch {
+	case l.fair != nil:
+		m.fairWakeFirst(l, now)
+	case l.attempting != nil:
 		l.wakePending = true
-	} else {
-		m.startAttempt(l)
+	default:
+		m.startAttempt(l, now)
 	}
 }
 
@@ -576,7 +622,16 @@ func (m *machine) lingerOrUnsubscribe(l *lockState) {
 func (m *machine) unsubscribe(l *lockState) {
 	l.sub = subUnsubscribing
 	l.lingerGen = 0
-	m.fx.subs = append(m.fx.subs, subOp{lock: l.id, channel: l.channel, unsubscribe: true})
+	m.fx.subs = append(m.fx.subs, m.subOp(l, true))
+}
+
+// subOp names what a lock listens on: its unlock channel, or for a fair lock the
+// pattern of this client's per-waiter channels.
+func (m *machine) subOp(l *lockState, unsubscribe bool) subOp {
+	if l.fair != nil {
+		return subOp{lock: l.id, channel: l.fair.pattern, pattern: true, unsubscribe: unsubscribe}
+	}
+	return subOp{lock: l.id, channel: l.channel, unsubscribe: unsubscribe}
 }
 
 func (m *machine) onUnsubscribed(msg unsubscribeDone, now time.Time) {
@@ -603,14 +658,19 @@ func (m *machine) onTimer(key timer.Key, now time.Time) {
 			return // stale: re-armed or disarmed since
 		}
 		l.retryGen = 0
+		l.backingOff = false
 		if l.queue.head == nil {
+			return
+		}
+		if l.fair != nil {
+			m.fairWakeFirst(l, now)
 			return
 		}
 		if l.attempting != nil {
 			l.wakePending = true
 			return
 		}
-		m.startAttempt(l)
+		m.startAttempt(l, now)
 	case kindWait:
 		w := m.waiters[key.ID]
 		if w == nil {
@@ -628,6 +688,8 @@ func (m *machine) onTimer(key timer.Key, now time.Time) {
 		m.finish(w, ErrNotAcquired)
 		m.advance(l, now)
 		m.maybeForget(l)
+	case kindFairRetry:
+		m.onFairRetry(key, now)
 	case kindExpiry:
 		m.onExpiry(key.ID, now)
 	case kindSweep:

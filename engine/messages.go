@@ -20,6 +20,7 @@ type (
 		id     uint64 // the waiter's id, also the key of its cancellation
 		lock   string
 		owner  uint64
+		fair   bool          // a fair (FIFO across processes) lock
 		lease  time.Duration // 0: watchdog
 		wait   time.Duration // < 0: until ctx ends; 0: one attempt; > 0: at most this long
 		ctx    context.Context
@@ -35,6 +36,7 @@ type (
 	// forceUnlockMsg deletes a lock whoever holds it.
 	forceUnlockMsg struct {
 		lock   string
+		fair   bool
 		future *futures.Future[forceResult]
 	}
 	// lostMsg asks for the Lost signal of an owner's current hold.

@@ -32,6 +32,11 @@ type waiter struct {
 	expired    bool  // the wait ran out while an attempt was in flight
 	cancelErr  error // the context ended (or the client closed) while an attempt was in flight
 	lastErr    error // the last transport error, reported if the wait runs out
+
+	// Fair locks only.
+	enqueued bool   // in the Redis queue
+	wake     bool   // its turn may have come: retry when nothing else is in flight
+	retryGen uint64 // generation of its retry timer; 0 = none armed
 }
 
 func (w *waiter) inQueue() bool { return w.queued }

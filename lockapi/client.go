@@ -68,6 +68,7 @@ func New(opts Options) (*Client, error) {
 		Subscriber:   c.pubsub,
 		OpTimeout:    opts.OpTimeout,
 		CloseTimeout: opts.CloseTimeout,
+		FairWait:     opts.FairWaitTimeout,
 	})
 	if err != nil {
 		c.pubsub.Close()
@@ -91,6 +92,22 @@ func (c *Client) ID() string { return c.opts.ClientID }
 // as ErrInvalidArgument.
 func (c *Client) Mutex(name string) *Mutex {
 	return &Mutex{c: c, name: name, owner: c.engine.NewOwner()}
+}
+
+// FairMutex returns a handle on the fair lock name: waiters get it in the order
+// they queued, across processes, and a releaser that asks again goes to the back of
+// the queue. It is laid out in Redis as Redisson's FairLock (a queue list and a
+// deadline sorted set beside the lock hash), so Java and Go clients can queue on the
+// same lock. The handle has the same methods and semantics as Mutex's.
+//
+// Queue deadlines are computed from each client's wall clock, as Redisson does:
+// hosts sharing a fair lock need synchronized clocks (NTP). A waiter whose process
+// dies keeps its place for FairWaitTimeout; one that gives up leaves at once.
+//
+// One client must not use the same name both as Mutex and as FairMutex: such calls
+// fail with ErrInvalidArgument.
+func (c *Client) FairMutex(name string) *Mutex {
+	return &Mutex{c: c, name: name, owner: c.engine.NewOwner(), fair: true}
 }
 
 // Close stops renewals, releases every lock this client holds (bounded by

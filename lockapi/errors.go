@@ -1,10 +1,6 @@
 package lockapi
 
-import (
-	"errors"
-
-	"github.com/leash-go/leash/engine"
-)
+import "github.com/leash-go/leash/engine"
 
 // The errors leash returns, matched with errors.Is. They come wrapped with the
 // lock's name; context errors are returned unchanged (err == ctx.Err()), and Redis
@@ -24,5 +20,5 @@ var (
 	ErrLockLost = engine.ErrLockLost
 	// ErrInvalidArgument: an empty lock name, a negative duration, a nil context, or
 	// Options that cannot work. Nothing is sent to Redis.
-	ErrInvalidArgument = errors.New("leash: invalid argument")
+	ErrInvalidArgument = engine.ErrInvalidArgument
 )

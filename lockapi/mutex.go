@@ -17,6 +17,7 @@ type Mutex struct {
 	c     *Client
 	name  string
 	owner uint64
+	fair  bool
 }
 
 // Name returns the lock's name: the Redis key of its hash.
@@ -46,7 +47,7 @@ func (m *Mutex) Acquire(ctx context.Context, opts ...AcquireOption) <-chan error
 	if cfg.err != nil {
 		return failed(engine.WrapError(m.name, cfg.err))
 	}
-	return m.c.engine.Acquire(ctx, engine.AcquireRequest{Lock: m.name, Owner: m.owner, Lease: cfg.lease, Wait: cfg.wait})
+	return m.c.engine.Acquire(ctx, engine.AcquireRequest{Lock: m.name, Owner: m.owner, Fair: m.fair, Lease: cfg.lease, Wait: cfg.wait})
 }
 
 func failed(err error) <-chan error {
@@ -102,7 +103,7 @@ func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
 	if err := m.c.check(ctx, m.name); err != nil {
 		return false, err
 	}
-	ok, err := m.c.engine.ForceUnlock(ctx, m.name)
+	ok, err := m.c.engine.ForceUnlock(ctx, m.name, m.fair)
 	return ok, engine.WrapError(m.name, err)
 }
 

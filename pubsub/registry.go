@@ -42,8 +42,8 @@ type Registry struct {
 	onReconnect func()
 
 	mu       sync.Mutex
-	channels map[string]struct{}        // channels that should be subscribed
-	pending  map[string][]chan struct{} // Subscribe calls waiting for the server's confirmation
+	channels map[topic]struct{}        // channels and patterns that should be subscribed
+	pending  map[topic][]chan struct{} // Subscribe calls waiting for the server's confirmation
 	conn     *connection                // nil while disconnected
 	started  bool
 	closed   bool
@@ -74,10 +74,30 @@ func New(client rueidis.Client, onMessage Handler, onReconnect func()) *Registry
 		client:      client,
 		onMessage:   onMessage,
 		onReconnect: onReconnect,
-		channels:    make(map[string]struct{}),
-		pending:     make(map[string][]chan struct{}),
+		channels:    make(map[topic]struct{}),
+		pending:     make(map[topic][]chan struct{}),
 		done:        make(chan struct{}),
 	}
+}
+
+// topic is a channel name, or a glob pattern (PSUBSCRIBE).
+type topic struct {
+	name    string
+	pattern bool
+}
+
+func (t topic) subscribe(dc rueidis.DedicatedClient) rueidis.Completed {
+	if t.pattern {
+		return dc.B().Psubscribe().Pattern(t.name).Build()
+	}
+	return dc.B().Subscribe().Channel(t.name).Build()
+}
+
+func (t topic) unsubscribe(dc rueidis.DedicatedClient) rueidis.Completed {
+	if t.pattern {
+		return dc.B().Punsubscribe().Pattern(t.name).Build()
+	}
+	return dc.B().Unsubscribe().Channel(t.name).Build()
 }
 
 // Subscribe registers channel and, when connected, subscribes it and waits for the
@@ -86,6 +106,27 @@ func New(client rueidis.Client, onMessage Handler, onReconnect func()) *Registry
 // and is subscribed on reconnect); ctx's error; ErrClosed after Close; or the
 // connection's error.
 func (r *Registry) Subscribe(ctx context.Context, channel string) error {
+	return r.subscribe(ctx, topic{name: channel})
+}
+
+// PSubscribe is Subscribe for a glob pattern (PSUBSCRIBE): messages on every
+// channel matching pattern are delivered, under their own channel names.
+func (r *Registry) PSubscribe(ctx context.Context, pattern string) error {
+	return r.subscribe(ctx, topic{name: pattern, pattern: true})
+}
+
+// Unsubscribe forgets channel and, when connected, unsubscribes it. Errors are not
+// reported: a stale subscription only costs a message the engine ignores.
+func (r *Registry) Unsubscribe(ctx context.Context, channel string) {
+	r.unsubscribe(ctx, topic{name: channel})
+}
+
+// PUnsubscribe is Unsubscribe for a pattern.
+func (r *Registry) PUnsubscribe(ctx context.Context, pattern string) {
+	r.unsubscribe(ctx, topic{name: pattern, pattern: true})
+}
+
+func (r *Registry) subscribe(ctx context.Context, channel topic) error {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -106,7 +147,7 @@ func (r *Registry) Subscribe(ctx context.Context, channel string) error {
 	r.pending[channel] = append(r.pending[channel], confirmed)
 	r.mu.Unlock()
 
-	if err := conn.dc.Do(ctx, conn.dc.B().Subscribe().Channel(channel).Build()).Error(); err != nil {
+	if err := conn.dc.Do(ctx, channel.subscribe(conn.dc)).Error(); err != nil {
 		r.dropPending(channel, confirmed)
 		return err
 	}
@@ -124,7 +165,7 @@ func (r *Registry) Subscribe(ctx context.Context, channel string) error {
 	}
 }
 
-func (r *Registry) dropPending(channel string, c chan struct{}) {
+func (r *Registry) dropPending(channel topic, c chan struct{}) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	list := r.pending[channel]
@@ -141,15 +182,13 @@ func (r *Registry) dropPending(channel string, c chan struct{}) {
 	}
 }
 
-// Unsubscribe forgets channel and, when connected, unsubscribes it. Errors are not
-// reported: a stale subscription only costs a message the engine ignores.
-func (r *Registry) Unsubscribe(ctx context.Context, channel string) {
+func (r *Registry) unsubscribe(ctx context.Context, channel topic) {
 	r.mu.Lock()
 	delete(r.channels, channel)
 	conn := r.conn
 	r.mu.Unlock()
 	if conn != nil {
-		_ = conn.dc.Do(ctx, conn.dc.B().Unsubscribe().Channel(channel).Build()).Error()
+		_ = conn.dc.Do(ctx, channel.unsubscribe(conn.dc)).Error()
 	}
 }
 
@@ -177,8 +216,8 @@ func (r *Registry) Close() {
 func (r *Registry) run() {
 	defer r.wg.Done()
 	backoff := minBackoff
-	for reconnect := false; ; reconnect = true {
-		if ok := r.serve(reconnect, &backoff); !ok {
+	for {
+		if ok := r.serve(&backoff); !ok {
 			return
 		}
 		select {
@@ -192,7 +231,7 @@ func (r *Registry) run() {
 
 // serve dials one connection, subscribes every registered channel, and blocks until
 // the connection drops (true) or the registry closes (false).
-func (r *Registry) serve(reconnect bool, backoff *time.Duration) bool {
+func (r *Registry) serve(backoff *time.Duration) bool {
 	dc, release := r.client.Dedicate()
 	defer release()
 	conn := &connection{dc: dc, lost: make(chan struct{})}
@@ -210,30 +249,41 @@ func (r *Registry) serve(reconnect bool, backoff *time.Duration) bool {
 		return false
 	}
 	r.conn = conn
-	snapshot := make([]string, 0, len(r.channels))
-	for ch := range r.channels {
-		snapshot = append(snapshot, ch)
+	var channels, patterns []string
+	for t := range r.channels {
+		if t.pattern {
+			patterns = append(patterns, t.name)
+		} else {
+			channels = append(channels, t.name)
+		}
 	}
 	r.mu.Unlock()
+	snapshot := len(channels) + len(patterns)
 
-	ok := true
-	if len(snapshot) > 0 || !reconnect {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		var err error
-		if len(snapshot) > 0 {
-			err = dc.Do(ctx, dc.B().Subscribe().Channel(snapshot...).Build()).Error()
-		} else {
-			err = dc.Do(ctx, dc.B().Ping().Build()).Error()
-		}
-		cancel()
-		ok = err == nil
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	cmds := make(rueidis.Commands, 0, 2)
+	if len(channels) > 0 {
+		cmds = append(cmds, dc.B().Subscribe().Channel(channels...).Build())
 	}
+	if len(patterns) > 0 {
+		cmds = append(cmds, dc.B().Psubscribe().Pattern(patterns...).Build())
+	}
+	if len(cmds) == 0 {
+		cmds = append(cmds, dc.B().Ping().Build())
+	}
+	ok := true
+	for _, res := range dc.DoMulti(ctx, cmds...) {
+		if res.Error() != nil {
+			ok = false
+		}
+	}
+	cancel()
 	if ok {
 		*backoff = minBackoff
 		// Channels subscribed here, rather than by their own Subscribe call, may have
 		// missed messages (their Subscribe returned ErrDisconnected, or the previous
 		// connection dropped): tell the engine.
-		if len(snapshot) > 0 {
+		if snapshot > 0 {
 			r.onReconnect()
 		}
 		select {
@@ -252,12 +302,13 @@ func (r *Registry) serve(reconnect bool, backoff *time.Duration) bool {
 }
 
 func (r *Registry) onSubscription(s rueidis.PubSubSubscription) {
-	if s.Kind != "subscribe" {
+	if s.Kind != "subscribe" && s.Kind != "psubscribe" {
 		return
 	}
+	t := topic{name: s.Channel, pattern: s.Kind == "psubscribe"}
 	r.mu.Lock()
-	waiting := r.pending[s.Channel]
-	delete(r.pending, s.Channel)
+	waiting := r.pending[t]
+	delete(r.pending, t)
 	r.mu.Unlock()
 	for _, c := range waiting {
 		close(c)

@@ -26,6 +26,11 @@ const (
 	LockForceRelease           // lock_force_release.lua
 	LockRenew                  // lock_renew.lua
 	LockHandoff                // lock_handoff.lua
+	FairAcquire                // fair_acquire.lua
+	FairRelease                // fair_release.lua
+	FairLeave                  // fair_leave.lua
+	FairHandoff                // fair_handoff.lua
+	FairForceRelease           // fair_force_release.lua
 	numScripts
 )
 
@@ -42,6 +47,16 @@ var (
 	lockRenewSrc string
 	//go:embed lock_handoff.lua
 	lockHandoffSrc string
+	//go:embed fair_acquire.lua
+	fairAcquireSrc string
+	//go:embed fair_release.lua
+	fairReleaseSrc string
+	//go:embed fair_leave.lua
+	fairLeaveSrc string
+	//go:embed fair_handoff.lua
+	fairHandoffSrc string
+	//go:embed fair_force_release.lua
+	fairForceReleaseSrc string
 )
 
 var sources = [numScripts]string{
@@ -51,6 +66,11 @@ var sources = [numScripts]string{
 	LockForceRelease: lockForceReleaseSrc,
 	LockRenew:        lockRenewSrc,
 	LockHandoff:      lockHandoffSrc,
+	FairAcquire:      fairAcquireSrc,
+	FairRelease:      fairReleaseSrc,
+	FairLeave:        fairLeaveSrc,
+	FairHandoff:      fairHandoffSrc,
+	FairForceRelease: fairForceReleaseSrc,
 }
 
 var names = [numScripts]string{
@@ -60,6 +80,11 @@ var names = [numScripts]string{
 	LockForceRelease: "lock_force_release",
 	LockRenew:        "lock_renew",
 	LockHandoff:      "lock_handoff",
+	FairAcquire:      "fair_acquire",
+	FairRelease:      "fair_release",
+	FairLeave:        "fair_leave",
+	FairHandoff:      "fair_handoff",
+	FairForceRelease: "fair_force_release",
 }
 
 // String returns the script's file name without its extension.

@@ -1,0 +1,221 @@
+package engine
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
+)
+
+// The fair lock (Redisson's FairLock layout, shared/PROTOCOL.md) is the reentrant
+// lock's hash plus a queue list and a deadline sorted set in Redis. FIFO holds
+// across processes because every waiter is in the Redis queue, in arrival order, and
+// a release wakes only the queue's head, on that waiter's own channel.
+//
+// What differs from the reentrant lock in this engine:
+//
+//   - Each local waiter enqueues itself with one script call, one waiter at a time
+//     per lock, so local arrival order is Redis queue order.
+//   - A release publishes on the head's own channel. Rather than one subscription per
+//     waiter (a subscribe and an unsubscribe per handoff), a client subscribes one
+//     pattern per lock, redisson_lock__channel:{name}:<client-id>:*, which receives
+//     the per-waiter messages Redisson's scripts publish, unchanged: O(1)
+//     subscriptions per lock per process, and Java clients see no difference.
+//   - A message names its waiter, so exactly that waiter retries; each queued waiter
+//     also retries when the waiter ahead of it could have timed out (its own timer).
+//   - A waiter that gives up leaves the Redis queue at once (fair_leave.lua) and
+//     those behind it move up; a waiter whose process died is purged by the next
+//     script once its deadline passes (FairWaitTimeout after the one ahead of it).
+//   - A local handoff needs no bound: the script hands over only when the local
+//     waiter is the Redis queue's head, so it never jumps the queue.
+//
+// Deadlines in the sorted set are milliseconds on the calling client's wall clock,
+// as Redisson writes them, so hosts sharing a fair lock need synchronized clocks.
+// The engine's own timing (retries, waits, leases) stays on the monotonic clock.
+
+// fairKeys are the Redis names of a fair lock besides the hash itself.
+type fairKeys struct {
+	queue   string // redisson_lock_queue:{name}
+	timeout string // redisson_lock_timeout:{name}
+	pattern string // redisson_lock__channel:{name}:<client-id>:*, glob-escaped
+}
+
+func newFairKeys(lock, clientID string) fairKeys {
+	return fairKeys{
+		queue:   "redisson_lock_queue:" + tagged(lock),
+		timeout: "redisson_lock_timeout:" + tagged(lock),
+		pattern: globEscape(channelName(lock)+":"+clientID+":") + "*",
+	}
+}
+
+// globEscape escapes the characters Redis glob patterns treat specially.
+func globEscape(s string) string {
+	if !strings.ContainsAny(s, `*?[]\`) {
+		return s
+	}
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`*?[]\`, r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+// fairOwner parses a per-waiter channel, "<lock channel>:<client-id>:<owner>", of
+// this client into the lock channel and the owner.
+func fairOwner(channel, clientID string) (string, uint64, bool) {
+	sep := ":" + clientID + ":"
+	i := strings.LastIndex(channel, sep)
+	if i < 0 {
+		return "", 0, false
+	}
+	owner, err := strconv.ParseUint(channel[i+len(sep):], 10, 64)
+	if err != nil {
+		return "", 0, false
+	}
+	return channel[:i], owner, true
+}
+
+func wallMillis(now time.Time) string { return strconv.FormatInt(now.UnixMilli(), 10) }
+
+// fairAttempt runs fair_acquire for w: take, re-enter, or (unless a single try)
+// join the Redis queue.
+func (m *machine) fairAttempt(w *waiter, now time.Time) {
+	l := w.lock
+	try := "0"
+	if w.oneShot {
+		try = "1"
+	}
+	m.run(scriptCall{
+		script:  scripts.FairAcquire,
+		keys:    []string{l.name, l.fair.queue, l.fair.timeout},
+		args:    []string{millis(m.leaseOf(w.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), wallMillis(now), try},
+		purpose: purposeAttempt,
+		lock:    l.id,
+		waiter:  w.id,
+	})
+}
+
+// fairAdvance starts the next attempt of a fair lock, one at a time: first a woken
+// waiter already in the Redis queue (earliest first), then the next local waiter not
+// yet queued in Redis.
+func (m *machine) fairAdvance(l *lockState, now time.Time) {
+	if l.attempting != nil || l.backingOff || m.closing {
+		return
+	}
+	var next *waiter
+	for w := l.queue.head; w != nil; w = w.next {
+		if !w.enqueued {
+			if next == nil {
+				next = w
+			}
+			break
+		}
+		if w.wake {
+			next = w
+			break
+		}
+	}
+	if next == nil {
+		return
+	}
+	l.attempting = next
+	next.wake = false
+	m.attempt(next, now)
+}
+
+// fairRefused handles a fair_acquire reply that is a wait: w is now in the Redis
+// queue and retries when its timer fires or its channel says so.
+func (m *machine) fairRefused(w *waiter, ttl time.Duration, now time.Time) {
+	l := w.lock
+	l.backoff = 0
+	if !w.oneShot {
+		w.enqueued = true
+	}
+	switch {
+	case w.cancelErr != nil:
+		m.finish(w, w.cancelErr)
+		return
+	case w.oneShot || w.expired:
+		m.finish(w, ErrNotAcquired)
+		return
+	}
+	if w.direct {
+		w.direct = false
+		l.queue.push(w)
+	}
+	m.subscribe(l)
+	if !w.deadline.IsZero() {
+		ttl = min(ttl, w.deadline.Sub(now))
+	}
+	m.armFairRetry(w, max(ttl, minBackoff))
+}
+
+func (m *machine) armFairRetry(w *waiter, d time.Duration) {
+	if w.retryGen != 0 {
+		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
+	}
+	m.nextID++
+	w.retryGen = m.nextID
+	m.schedule(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen}, d)
+}
+
+func (m *machine) onFairRetry(key timer.Key, now time.Time) {
+	w := m.waiters[key.ID]
+	if w == nil || w.retryGen != key.Gen {
+		return
+	}
+	w.retryGen = 0
+	w.wake = true
+	m.fairAdvance(w.lock, now)
+}
+
+// fairNotice routes a per-waiter message to its waiter.
+func (m *machine) fairNotice(channel string, now time.Time) {
+	base, owner, ok := fairOwner(channel, m.cfg.clientID)
+	if !ok {
+		return
+	}
+	l := m.lockByChannel[base]
+	if l == nil || l.fair == nil {
+		return
+	}
+	for w := l.queue.head; w != nil && w.enqueued; w = w.next {
+		if w.owner == owner {
+			m.stats.Notices++
+			w.wake = true
+			m.fairAdvance(l, now)
+			return
+		}
+	}
+}
+
+// fairWakeFirst wakes the first local waiter in the Redis queue: after a
+// (re)subscription a message for it may have been missed.
+func (m *machine) fairWakeFirst(l *lockState, now time.Time) {
+	if w := l.queue.head; w != nil && w.enqueued {
+		w.wake = true
+	}
+	m.fairAdvance(l, now)
+}
+
+// fairLeave takes a waiter that gives up out of the Redis queue at once.
+func (m *machine) fairLeave(w *waiter) {
+	l := w.lock
+	w.enqueued = false
+	if w.retryGen != 0 {
+		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
+		w.retryGen = 0
+	}
+	m.run(scriptCall{
+		script:  scripts.FairLeave,
+		keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel},
+		args:    []string{ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), unlockMessage},
+		purpose: purposeAbandon,
+		lock:    l.id,
+	})
+}
