@@ -44,7 +44,7 @@ type Registry struct {
 	mu       sync.Mutex
 	channels map[topic]struct{}        // channels and patterns that should be subscribed
 	pending  map[topic][]chan struct{} // Subscribe calls waiting for the server's confirmation
-	conn     *connection                // nil while disconnected
+	conn     *connection               // nil while disconnected
 	started  bool
 	closed   bool
 
