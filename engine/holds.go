@@ -206,6 +206,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 // the lock is released to everyone and this process's head competes with the other
 // processes' heads on the same unlock message.
 func (m *machine) handoffTarget(l *lockState, h *hold, now time.Time) *waiter {
+	m.pruneCancelled(l)
 	w := l.queue.head
 	if w == nil || h.count != 1 || l.attempting != nil || len(l.holders) != 1 || m.cfg.handoffChain <= 0 {
 		return nil

@@ -240,6 +240,7 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 // free. When this process holds the lock itself, the head waits: the holder's
 // Unlock hands over, and the retry timer covers a holder whose lease runs out.
 func (m *machine) advance(l *lockState, now time.Time) {
+	m.pruneCancelled(l)
 	if l.backingOff {
 		return
 	}
@@ -255,6 +256,19 @@ func (m *machine) advance(l *lockState, now time.Time) {
 		return
 	}
 	m.startAttempt(l, now)
+}
+
+// pruneCancelled answers queued waiters at the front whose context has already
+// ended, before their cancellation message arrives: handing the lock to one of them
+// would only cost a grant and a release.
+func (m *machine) pruneCancelled(l *lockState) {
+	for w := l.queue.head; w != nil && !w.attempting; w = l.queue.head {
+		err := w.ctx.Err()
+		if err == nil {
+			return
+		}
+		m.finish(w, err)
+	}
 }
 
 func (m *machine) startAttempt(l *lockState, now time.Time) {
