@@ -393,6 +393,7 @@ func (s *Server) launch() error {
 	cmd.Stdout = out
 	cmd.Stderr = out
 	cmd.ExtraFiles = []*os.File{w}
+	cmd.SysProcAttr = childAttrs()
 	if err := cmd.Start(); err != nil {
 		r.Close()
 		return fmt.Errorf("testredis: start redis-server: %w", err)
