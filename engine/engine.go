@@ -42,7 +42,8 @@ type Config struct {
 	// Scheduler, when set, replaces the timing wheel (tests pass a fake). The engine
 	// owns it and stops it on Close.
 	Scheduler func(sink timer.Sink) timer.Scheduler
-	// OpTimeout bounds each script call and subscription. Default 10 s.
+	// OpTimeout bounds each subscription. Script calls are bounded by the client's
+	// connection timeout instead (see runScript). Default 10 s.
 	OpTimeout time.Duration
 	// CloseTimeout bounds the releases Close makes. Default 5 s.
 	CloseTimeout time.Duration
@@ -347,12 +348,15 @@ func (e *Engine) apply() {
 	fx.reset()
 }
 
+// runScript runs one call on its own short-lived goroutine; rueidis pipelines the
+// calls of concurrent goroutines into few round trips. The call runs under the
+// engine's context (cancelled by Close after CloseTimeout), not a timer of its own:
+// the connection's read/write timeout (lockapi sets it to OpTimeout) bounds a call to
+// a server that stopped answering, without a runtime timer per call.
 func (e *Engine) runScript(call scriptCall) {
 	defer e.ioWG.Done()
-	ctx, cancel := context.WithTimeout(e.ioCtx, e.opTimeout)
 	sentAt := time.Now()
-	reply, err := e.runner.Run(ctx, call.script, call.keys, call.args)
-	cancel()
+	reply, err := e.runner.Run(e.ioCtx, call.script, call.keys, call.args)
 	e.mail.post(scriptDone{call: call, sentAt: sentAt, reply: reply, err: err})
 }
 

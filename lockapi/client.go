@@ -41,7 +41,9 @@ func New(opts Options) (*Client, error) {
 			Password:     opts.Password,
 			SelectDB:     opts.DB,
 			DisableCache: true,
-			Dialer:       net.Dialer{Timeout: opts.DialTimeout},
+			// Bounds every call to a server that stopped answering (paused, cut off).
+			ConnWriteTimeout: opts.OpTimeout,
+			Dialer:           net.Dialer{Timeout: opts.DialTimeout},
 		})
 		if err != nil {
 			return nil, fmt.Errorf("leash: connect to %v: %w", opts.Addrs, err)

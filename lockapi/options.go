@@ -51,7 +51,9 @@ type Options struct {
 	// FairWaitTimeout is how long a fair-lock waiter whose process stopped
 	// refreshing may keep its place in the queue. Default DefaultFairWaitTimeout.
 	FairWaitTimeout time.Duration
-	// OpTimeout bounds each Redis call. Default DefaultOpTimeout.
+	// OpTimeout bounds each Redis call: it is the connection's read/write timeout
+	// (rueidis ConnWriteTimeout), and bounds subscriptions. With Client set, that
+	// client's own timeouts apply to calls instead. Default DefaultOpTimeout.
 	OpTimeout time.Duration
 	// CloseTimeout bounds the releases Close makes. Default DefaultCloseTimeout.
 	CloseTimeout time.Duration
