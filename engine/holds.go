@@ -99,6 +99,7 @@ func (m *machine) onExpiry(id uint64, now time.Time) {
 // the owner's field is deleted on the server if it is still there (owner-guarded), so
 // a lock we told the holder it lost does not linger until its lease ends.
 func (m *machine) loseHold(h *hold, release bool) {
+	m.mayBeFree(h.lock)
 	h.lost.Fire()
 	if release {
 		m.abandon(h.lock, h.field, 0)

@@ -118,7 +118,11 @@ type lockState struct {
 	// attempt was in flight: the attempt may have run before the release, so the
 	// head must retry once more if it failed.
 	wakePending bool
-	inflight    int // script calls in flight that name this lock
+	// parked: the head was refused (or this process holds the lock) and waits for
+	// an unlock message or its retry timer; nothing else makes it retry, so a
+	// waiting lock costs no Redis calls at all.
+	parked   bool
+	inflight int // script calls in flight that name this lock
 
 	sub        subState
 	resubAfter bool   // subscribe again once the unsubscribe in flight is done
@@ -251,12 +255,23 @@ func (m *machine) advance(l *lockState, now time.Time) {
 	if l.attempting != nil || l.queue.head == nil || m.closing {
 		return
 	}
-	if len(l.holders) > 0 && !l.wakePending {
+	if l.wakePending {
+		m.startAttempt(l, now)
+		return
+	}
+	if l.parked {
+		return
+	}
+	if len(l.holders) > 0 {
 		m.park(l, m.localHoldTTL(l, now), now)
 		return
 	}
 	m.startAttempt(l, now)
 }
+
+// mayBeFree records that the lock may have become free (a local hold ended without
+// a release message, a force-release): a parked head retries.
+func (m *machine) mayBeFree(l *lockState) { l.parked = false }
 
 // pruneCancelled answers queued waiters at the front whose context has already
 // ended, before their cancellation message arrives: handing the lock to one of them
@@ -275,6 +290,7 @@ func (m *machine) startAttempt(l *lockState, now time.Time) {
 	w := l.queue.head
 	l.attempting = w
 	l.wakePending = false
+	l.parked = false
 	m.attempt(w, now)
 }
 
@@ -306,6 +322,7 @@ func (m *machine) leaseOf(lease time.Duration) time.Duration {
 // and a retry timer armed for when the holder's lease could run out (a holder that
 // dies publishes nothing).
 func (m *machine) park(l *lockState, ttl time.Duration, now time.Time) {
+	l.parked = true
 	m.subscribe(l)
 	if w := l.queue.head; w != nil && !w.deadline.IsZero() {
 		ttl = min(ttl, w.deadline.Sub(now))
@@ -420,8 +437,7 @@ func (m *machine) attemptRefused(w *waiter, ttl time.Duration, now time.Time) {
 		return // advance retries at once
 	}
 	switch {
-	case ttl == -2*time.Millisecond: // the key vanished between the checks
-		m.armRetry(l, 0)
+	case ttl == -2*time.Millisecond: // the key vanished between the checks: advance retries at once
 		m.subscribe(l)
 		return
 	case ttl < 0: // exists without an expiry
@@ -469,9 +485,21 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 		m.receipts[r.id] = r
 		h.receipts = append(h.receipts, r.id)
 	}
-	if l.queue.len > 0 && l.fair == nil {
+	switch {
+	case l.queue.len == 0:
+		m.queueEmptied(l)
+	case l.fair == nil:
 		m.park(l, m.leaseOf(w.lease), now)
 	}
+}
+
+// queueEmptied: the lock's last local waiter is gone. Nothing needs its retry timer
+// now, and its subscription lingers briefly, then goes.
+func (m *machine) queueEmptied(l *lockState) {
+	l.parked = false
+	l.wakePending = false
+	m.disarmRetry(l)
+	m.lingerOrUnsubscribe(l)
 }
 
 // finish completes a waiter that did not get the lock.
@@ -493,8 +521,7 @@ func (m *machine) finish(w *waiter, err error) {
 	}
 	w.future.Complete(WrapError(l.name, err))
 	if l.queue.len == 0 {
-		m.disarmRetry(l)
-		m.lingerOrUnsubscribe(l)
+		m.queueEmptied(l)
 	}
 }
 

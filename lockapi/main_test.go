@@ -1,0 +1,158 @@
+package lockapi_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leash-go/leash/engine"
+	"github.com/leash-go/leash/internal/testredis"
+	"github.com/leash-go/leash/lockapi"
+)
+
+// Integration and fault tests of the public package against real redis-server
+// processes (internal/testredis). Conventions of every file in this package:
+//
+//   - each test starts its own server(s) and uses key names derived from t.Name();
+//   - state is awaited with eventually (a polled condition with a deadline), never
+//     with a sleep; a fixed wait appears only where the wait itself is the test
+//     (holding a lock across renewals) and is then a timer, not a sleep;
+//   - goroutines report with t.Error or over channels, never t.Fatal;
+//   - bounds on time are generous sanity bounds (the machine has 2 noisy cores and
+//     runs with -race); counts (script calls per handoff) are asserted exactly
+//     where the design promises them.
+func TestMain(m *testing.M) { testredis.Main(m) }
+
+// eventually polls cond every few milliseconds until it holds, and fails the test
+// if it does not within timeout. Call it from the test goroutine only.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(3 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		<-tick.C
+	}
+}
+
+// lockName returns a key name unique to the test (and to tag, when a test needs
+// several locks).
+func lockName(t *testing.T, tag string) string {
+	name := "leash-test:" + strings.NewReplacer("/", ":", " ", "_").Replace(t.Name())
+	if tag != "" {
+		name += ":" + tag
+	}
+	return name
+}
+
+// newClient connects a client to srv; it is closed when the test ends (before the
+// server stops: cleanups run last-registered first). Tests may Close it earlier.
+func newClient(t *testing.T, srv *testredis.Server, opts lockapi.Options) *lockapi.Client {
+	t.Helper()
+	if len(opts.Addrs) == 0 && opts.Client == nil {
+		opts.Addrs = []string{srv.Addr()}
+	}
+	c, err := lockapi.New(opts)
+	if err != nil {
+		t.Fatalf("lockapi.New: %v", err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// do runs a raw command on srv and fails the test on an error reply.
+func do(t *testing.T, srv *testredis.Server, args ...string) string {
+	t.Helper()
+	got, err := srv.Do(args...)
+	if err != nil {
+		t.Fatalf("redis %q: %v", args, err)
+	}
+	return got
+}
+
+// ctxFor returns a context bounded by d and cancelled when the test ends.
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// lockWithin takes m or fails the test.
+func lockWithin(t *testing.T, m *lockapi.Mutex, d time.Duration, opts ...lockapi.AcquireOption) {
+	t.Helper()
+	if err := m.Lock(ctxFor(t, d), opts...); err != nil {
+		t.Fatalf("Lock(%q): %v", m.Name(), err)
+	}
+}
+
+// unlock releases m or fails the test.
+func unlock(t *testing.T, m *lockapi.Mutex) {
+	t.Helper()
+	if err := m.Unlock(ctxFor(t, 5*time.Second)); err != nil {
+		t.Fatalf("Unlock(%q): %v", m.Name(), err)
+	}
+}
+
+// stats returns c's engine counters or fails the test.
+func stats(t *testing.T, c *lockapi.Client) engine.Stats {
+	t.Helper()
+	s, err := c.Stats(ctxFor(t, 5*time.Second))
+	if err != nil {
+		t.Fatalf("Stats: %v", err)
+	}
+	return s
+}
+
+// isClosed reports whether a signal channel (Lost) is closed, without waiting.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// pending reports whether an Acquire channel is still without a value after d:
+// the one place a short fixed wait is the assertion itself ("it has not completed
+// yet"). If a value arrived, it is returned so the caller can report it.
+func pending(ch <-chan error, d time.Duration) (stillPending bool, got error) {
+	select {
+	case err := <-ch:
+		return false, err
+	case <-time.After(d):
+		return true, nil
+	}
+}
+
+// receive waits up to d for an Acquire channel's value; ok is false on timeout.
+func receive(ch <-chan error, d time.Duration) (err error, ok bool) {
+	select {
+	case err := <-ch:
+		return err, true
+	case <-time.After(d):
+		return nil, false
+	}
+}
+
+// mustBeLocked asserts whether the lock exists on the server.
+func mustBeLocked(t *testing.T, srv *testredis.Server, name string, want bool) {
+	t.Helper()
+	got := do(t, srv, "EXISTS", name) == "1"
+	if got != want {
+		t.Fatalf("EXISTS %s = %v, want %v (HGETALL: %q)", name, got, want, do(t, srv, "HGETALL", name))
+	}
+}
+
+// isErr is errors.Is with a readable failure.
+func isErr(t *testing.T, what string, err, target error) {
+	t.Helper()
+	if !errors.Is(err, target) {
+		t.Fatalf("%s: err = %v, want errors.Is(err, %v)", what, err, target)
+	}
+}
