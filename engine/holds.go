@@ -107,6 +107,26 @@ func (m *machine) loseHold(h *hold, release bool) {
 	m.dropHold(h)
 }
 
+// pruneReceipts stops watching grants of h that have been received (a received
+// grant is never taken back), so a long-held, often re-entered lock does not
+// accumulate context registrations.
+func (m *machine) pruneReceipts(h *hold) {
+	kept := h.receipts[:0]
+	for _, id := range h.receipts {
+		r := m.receipts[id]
+		if r == nil {
+			continue
+		}
+		if len(r.future.C()) == 0 { // received
+			r.stop()
+			delete(m.receipts, id)
+			continue
+		}
+		kept = append(kept, id)
+	}
+	h.receipts = kept
+}
+
 // dropHold forgets a hold.
 func (m *machine) dropHold(h *hold) {
 	l := h.lock
@@ -129,6 +149,15 @@ func (m *machine) dropHold(h *hold) {
 		}
 	}
 	h.receipts = nil
+}
+
+// dropSurplus ends a hold whose last local count was released while the server
+// still counts more: an acquire whose reply was lost to a transport error may have
+// run, and its retry then counted twice. Nobody owns the surplus, so it goes.
+func (m *machine) dropSurplus(h *hold) {
+	l := h.lock
+	m.dropHold(h)
+	m.abandon(l, h.field, 0)
 }
 
 // releaseOne gives back one count of h: a grant nobody received.
@@ -274,6 +303,8 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 	case d.reply.Int == 0: // still held, one count less
 		if h != nil && h.count > 1 {
 			h.count--
+		} else if h != nil {
+			m.dropSurplus(h)
 		}
 		d.call.unlock.Complete(nil)
 	default: // released to everyone; the unlock message wakes the heads
@@ -333,6 +364,8 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 	default: // the releasing owner still holds it
 		if h != nil && h.count > 1 {
 			h.count--
+		} else if h != nil {
+			m.dropSurplus(h)
 		}
 		d.call.unlock.Complete(nil)
 		m.handoffRefused(w)

@@ -404,8 +404,9 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	// A transport error: the server may come back. Keep the waiter, retry with backoff.
 	w.lastErr = err
 	if w.direct {
+		// A re-entering holder must not queue behind waiters that wait for it.
 		w.direct = false
-		l.queue.push(w)
+		l.queue.pushFront(w)
 	}
 	l.backoff = min(max(2*l.backoff, minBackoff), maxBackoff)
 	l.backingOff = true
@@ -472,7 +473,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 		if w.stop != nil {
 			w.stop()
 		}
-		w.future.Complete(err)
+		w.future.Complete(WrapError(l.name, err))
 		m.releaseOne(h)
 		return
 	}
@@ -481,6 +482,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 		// The caller may still walk away without receiving (a select that took
 		// another case, then cancelled): keep watching its context until the hold
 		// ends, and take the grant back if it is still unreceived then.
+		m.pruneReceipts(h)
 		r := &receipt{id: w.id, future: w.future, stop: w.stop, hold: h.id}
 		m.receipts[r.id] = r
 		h.receipts = append(h.receipts, r.id)
@@ -496,6 +498,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 // queueEmptied: the lock's last local waiter is gone. Nothing needs its retry timer
 // now, and its subscription lingers briefly, then goes.
 func (m *machine) queueEmptied(l *lockState) {
+	l.backingOff = false // the back-off belonged to a waiter that is gone
 	l.parked = false
 	l.wakePending = false
 	m.disarmRetry(l)

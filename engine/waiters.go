@@ -64,6 +64,18 @@ func (q *queue) push(w *waiter) {
 	q.len++
 }
 
+func (q *queue) pushFront(w *waiter) {
+	w.queued = true
+	w.prev, w.next = nil, q.head
+	if q.head != nil {
+		q.head.prev = w
+	} else {
+		q.tail = w
+	}
+	q.head = w
+	q.len++
+}
+
 func (q *queue) remove(w *waiter) {
 	if !w.queued {
 		return
