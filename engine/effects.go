@@ -34,6 +34,7 @@ const (
 	purposeAbandon                    // give back a grant nobody received, or a lost hold (owner-guarded)
 	purposeForce                      // force-release
 	purposeRenew                      // watchdog renewal of a batch of holds
+	purposeLeave                      // a fair waiter leaves the Redis queue
 )
 
 // scriptCall is one script to run, with what the machine needs to read its reply.
@@ -45,6 +46,7 @@ type scriptCall struct {
 	lock    uint64   // lock id
 	waiter  uint64   // purposeAttempt, purposeHandoff
 	hold    uint64   // purposeUnlock, purposeHandoff
+	owner   uint64   // purposeLeave
 	batch   []uint64 // purposeRenew: hold ids, in KEYS order
 	unlock  *futures.Future[error]
 	force   *futures.Future[forceResult]

@@ -24,10 +24,15 @@ import (
 //     the per-waiter messages Redisson's scripts publish, unchanged: O(1)
 //     subscriptions per lock per process, and Java clients see no difference.
 //   - A message names its waiter, so exactly that waiter retries; each queued waiter
-//     also retries when the waiter ahead of it could have timed out (its own timer).
+//     also retries when the entry ahead of it could go stale (its own timer), and at
+//     least every FairWait/3, refreshing its deadline: a live waiter never loses its
+//     place however long the lock is held (Redisson purges live waiters then).
 //   - A waiter that gives up leaves the Redis queue at once (fair_leave.lua) and
-//     those behind it move up; a waiter whose process died is purged by the next
-//     script once its deadline passes (FairWaitTimeout after the one ahead of it).
+//     those behind it move up; a waiter whose process died stops refreshing and is
+//     purged by the next script once its deadline passes and it heads the queue.
+//     No attempt for an owner starts while that owner's leave is in flight: the two
+//     run on different goroutines, and a leave that overtook the new attempt would
+//     delete the new queue entry (both use the owner's field).
 //   - A local handoff needs no bound: the script hands over only when the local
 //     waiter is the Redis queue's head, so it never jumps the queue.
 //
@@ -110,7 +115,7 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 	var next *waiter
 	for w := l.queue.head; w != nil; w = w.next {
 		if !w.enqueued {
-			if next == nil {
+			if next == nil && l.leaving[w.owner] == 0 {
 				next = w
 			}
 			break
@@ -149,10 +154,25 @@ func (m *machine) fairRefused(w *waiter, ttl time.Duration, now time.Time) {
 		l.queue.push(w)
 	}
 	m.subscribe(l)
+	d := m.fairRetryDelay(ttl)
 	if !w.deadline.IsZero() {
-		ttl = min(ttl, w.deadline.Sub(now))
+		d = min(d, w.deadline.Sub(now))
 	}
-	m.armFairRetry(w, max(ttl, minBackoff))
+	m.armFairRetry(w, max(d, minBackoff))
+}
+
+// fairRetryDelay turns fair_acquire's wait into when a queued waiter retries: when
+// the entry ahead could go stale, and at least every fairWait/3 to refresh its own
+// deadline. A lock without an expiry has no deadline to wait for.
+func (m *machine) fairRetryDelay(ttl time.Duration) time.Duration {
+	refresh := max(m.cfg.fairWait/3, minBackoff)
+	switch {
+	case ttl == -time.Millisecond:
+		return min(noTTLRetry, refresh)
+	case ttl <= 0:
+		return refresh
+	}
+	return min(ttl, refresh)
 }
 
 func (m *machine) armFairRetry(w *waiter, d time.Duration) {
@@ -211,11 +231,29 @@ func (m *machine) fairLeave(w *waiter) {
 		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
 		w.retryGen = 0
 	}
+	if l.leaving == nil {
+		l.leaving = make(map[uint64]int)
+	}
+	l.leaving[w.owner]++
 	m.run(scriptCall{
 		script:  scripts.FairLeave,
 		keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel},
-		args:    []string{ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), unlockMessage},
-		purpose: purposeAbandon,
+		args:    []string{ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now)},
+		purpose: purposeLeave,
 		lock:    l.id,
+		owner:   w.owner,
 	})
+}
+
+// onLeaveDone: the owner's leave has run, so its next attempt may start.
+func (m *machine) onLeaveDone(d scriptDone, now time.Time) {
+	l := m.lockByID[d.call.lock]
+	if l == nil {
+		return
+	}
+	if l.leaving[d.call.owner]--; l.leaving[d.call.owner] <= 0 {
+		delete(l.leaving, d.call.owner)
+	}
+	m.advance(l, now)
+	m.maybeForget(l)
 }

@@ -55,6 +55,7 @@ type machine struct {
 	closing       bool
 	stats         Stats
 	fx            effects
+	now           time.Time // the time of the message being handled
 }
 
 func newMachine(cfg config) *machine {
@@ -72,6 +73,7 @@ func newMachine(cfg config) *machine {
 
 // handle dispatches one message.
 func (m *machine) handle(msg message, now time.Time) {
+	m.now = now
 	switch msg := msg.(type) {
 	case acquireMsg:
 		m.onAcquire(msg, now)
@@ -123,6 +125,8 @@ type lockState struct {
 	// waiting lock costs no Redis calls at all.
 	parked   bool
 	inflight int // script calls in flight that name this lock
+	// leaving counts fair_leave calls in flight per owner (fair locks only).
+	leaving map[uint64]int
 
 	sub        subState
 	resubAfter bool   // subscribe again once the unsubscribe in flight is done
@@ -770,6 +774,8 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		m.onForceDone(d, now)
 	case purposeRenew:
 		m.onRenewDone(d, now)
+	case purposeLeave:
+		m.onLeaveDone(d, now)
 	}
 }
 

@@ -7,8 +7,16 @@
 -- ARGV[3]  wait allowance in milliseconds (the fair wait timeout)
 -- ARGV[4]  now, milliseconds since the epoch, from the caller's wall clock
 -- ARGV[5]  "1": a single try that never queues; "0": queue when the lock is taken
--- Reply: nil when the owner now holds the lock; otherwise how long to wait, in
---        milliseconds, before trying again (1 for a single try that failed).
+-- Reply: nil when the owner now holds the lock; otherwise how long until the entry
+--        ahead of the owner could go stale, in milliseconds (the lock's PTTL when the
+--        owner heads the queue; -1 when the lock has no expiry), or 1 for a single try
+--        that failed.
+--
+-- Deadlines (as Redisson's): a queued owner's deadline is the one ahead of it plus
+-- the wait allowance. Unlike Redisson, a queued owner that asks again refreshes its
+-- own deadline to at least now + allowance, and moving everyone up one place never
+-- lowers a deadline below now + allowance: a live waiter that keeps asking never
+-- loses its place, and a gone one loses it an allowance after it stopped asking.
 local now = tonumber(ARGV[4])
 local wait = tonumber(ARGV[3])
 
@@ -36,9 +44,9 @@ if redis.call('exists', KEYS[1]) == 0 then
             redis.call('lpop', KEYS[2])
             redis.call('zrem', KEYS[3], ARGV[2])
             -- everyone behind moves up one place: their allowance shrinks by one wait
-            local rest = redis.call('zrange', KEYS[3], 0, -1)
-            for i = 1, #rest do
-                redis.call('zincrby', KEYS[3], -wait, rest[i])
+            local rest = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES')
+            for i = 1, #rest, 2 do
+                redis.call('zadd', KEYS[3], math.max(tonumber(rest[i + 1]) - wait, now + wait), rest[i])
             end
         end
         redis.call('hset', KEYS[1], ARGV[2], 1)
@@ -59,7 +67,20 @@ end
 
 local mine = redis.call('zscore', KEYS[3], ARGV[2])
 if mine ~= false then
-    return tonumber(mine) - wait - now
+    if tonumber(mine) < now + wait then
+        redis.call('zadd', KEYS[3], now + wait, ARGV[2])
+    end
+    local pos = redis.call('lpos', KEYS[2], ARGV[2])
+    if pos == false then
+        -- in the set but not the list (a torn queue): take the last place
+        redis.call('rpush', KEYS[2], ARGV[2])
+        pos = redis.call('llen', KEYS[2]) - 1
+    end
+    if pos == 0 then
+        return redis.call('pttl', KEYS[1])
+    end
+    local ahead = redis.call('lindex', KEYS[2], pos - 1)
+    return (tonumber(redis.call('zscore', KEYS[3], ahead)) or now) - now
 end
 
 local tail = redis.call('lindex', KEYS[2], -1)

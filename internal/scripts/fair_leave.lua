@@ -7,6 +7,9 @@
 -- ARGV[1]  owner field
 -- ARGV[2]  wait allowance in milliseconds
 -- ARGV[3]  unlock message ("0")
+-- ARGV[4]  now, milliseconds since the epoch
+-- Deadlines behind the leaver drop by one allowance, but never below now + allowance
+-- (see fair_acquire.lua).
 -- Reply: 1 when the owner was queued and left, 0 when it was not queued.
 local queue = redis.call('lrange', KEYS[2], 0, -1)
 local pos = 0
@@ -20,8 +23,13 @@ if pos == 0 then
     redis.call('zrem', KEYS[3], ARGV[1])
     return 0
 end
+local wait = tonumber(ARGV[2])
+local now = tonumber(ARGV[4])
 for i = pos + 1, #queue do
-    redis.call('zincrby', KEYS[3], -tonumber(ARGV[2]), queue[i])
+    local d = tonumber(redis.call('zscore', KEYS[3], queue[i]))
+    if d then
+        redis.call('zadd', KEYS[3], math.max(d - wait, now + wait), queue[i])
+    end
 end
 redis.call('zrem', KEYS[3], ARGV[1])
 redis.call('lrem', KEYS[2], 0, ARGV[1])
