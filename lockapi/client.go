@@ -103,8 +103,12 @@ func (c *Client) Mutex(name string) *Mutex {
 // same lock. The handle has the same methods and semantics as Mutex's.
 //
 // Queue deadlines are computed from each client's wall clock, as Redisson does:
-// hosts sharing a fair lock need synchronized clocks (NTP). A waiter whose process
-// dies keeps its place for FairWaitTimeout; one that gives up leaves at once.
+// hosts sharing a fair lock need synchronized clocks (NTP). A waiter that gives up
+// (context ended, wait ran out) leaves the queue at once. A live waiter refreshes its
+// deadline at least every FairWaitTimeout/3, so it never loses its place however long
+// the lock is held; a waiter whose process died loses its place once it heads the
+// queue and its deadline has passed: FairWaitTimeout after it last refreshed, or
+// after the lease of the holder it queued behind.
 //
 // One client must not use the same name both as Mutex and as FairMutex: such calls
 // fail with ErrInvalidArgument.

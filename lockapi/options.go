@@ -48,8 +48,11 @@ type Options struct {
 	// renews them every WatchdogTimeout/3. Default DefaultWatchdogTimeout; at least
 	// MinWatchdogTimeout.
 	WatchdogTimeout time.Duration
-	// FairWaitTimeout is how long a fair-lock waiter whose process stopped
-	// refreshing may keep its place in the queue. Default DefaultFairWaitTimeout.
+	// FairWaitTimeout is the fair lock's wait allowance (Redisson's
+	// fairLockWaitTimeout): how long a queued waiter whose process is gone keeps its
+	// place after it last refreshed it (live waiters refresh every third of it). All
+	// clients sharing a fair lock should use the same value. Default
+	// DefaultFairWaitTimeout.
 	FairWaitTimeout time.Duration
 	// OpTimeout bounds each Redis call: it is the connection's read/write timeout
 	// (rueidis ConnWriteTimeout), and bounds subscriptions. With Client set, that
