@@ -48,6 +48,7 @@ type scriptCall struct {
 	hold    uint64   // purposeUnlock, purposeHandoff
 	owner   uint64   // purposeLeave
 	batch   []uint64 // purposeRenew: hold ids, in KEYS order
+	retried bool     // purposeUnlock: this is the one retry after a transport error
 	unlock  *futures.Future[error]
 	force   *futures.Future[forceResult]
 }

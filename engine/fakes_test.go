@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"sync"
@@ -232,12 +233,22 @@ func (c *call) answer(r scripts.Reply, err error) { c.reply <- callResult{r, err
 // manualRunner hands every call to the test on calls and returns what the test
 // answers, or the context's error (the engine's own deadline, or Close's).
 type manualRunner struct {
-	calls chan *call // generous capacity: the engine's I/O goroutines never wait on the test to post
+	calls     chan *call // generous capacity: the engine's I/O goroutines never wait on the test to post
+	aborted   chan struct{}
+	abortOnce sync.Once
 }
+
+// abort fails every call in flight and every later one, as closing a rueidis client
+// does; it is the engine's AbortIO in tests.
+func (r *manualRunner) abort() { r.abortOnce.Do(func() { close(r.aborted) }) }
 
 var _ scripts.Runner = (*manualRunner)(nil)
 
-func newManualRunner() *manualRunner { return &manualRunner{calls: make(chan *call, 1024)} }
+func newManualRunner() *manualRunner {
+	return &manualRunner{calls: make(chan *call, 1024), aborted: make(chan struct{})}
+}
+
+var errAborted = errors.New("aborted")
 
 func (r *manualRunner) Run(ctx context.Context, id scripts.ID, keys, args []string) (scripts.Reply, error) {
 	c := &call{id: id, keys: keys, args: args, reply: make(chan callResult, 1)}
@@ -245,12 +256,16 @@ func (r *manualRunner) Run(ctx context.Context, id scripts.ID, keys, args []stri
 	case r.calls <- c:
 	case <-ctx.Done():
 		return scripts.Reply{}, ctx.Err()
+	case <-r.aborted:
+		return scripts.Reply{}, errAborted
 	}
 	select {
 	case res := <-c.reply:
 		return res.reply, res.err
 	case <-ctx.Done():
 		return scripts.Reply{}, ctx.Err()
+	case <-r.aborted:
+		return scripts.Reply{}, errAborted
 	}
 }
 
@@ -400,6 +415,9 @@ func newEngine(t *testing.T, runner scripts.Runner, mutate ...func(*Config)) *eh
 			return h.timer
 		},
 		CloseTimeout: 2 * time.Second,
+	}
+	if r, ok := runner.(*manualRunner); ok {
+		cfg.AbortIO = r.abort
 	}
 	for _, f := range mutate {
 		f(&cfg)

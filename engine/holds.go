@@ -293,8 +293,21 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 	h := m.holdByID[d.call.hold]
 	l := m.lockByID[d.call.lock]
 	switch {
+	case d.err != nil && !d.call.retried && !isRedisError(d.err) && !m.closing:
+		// A transport error (a connection that died with a restarted server is
+		// found dead only when used): retry once, at once.
+		retry := d.call
+		retry.retried = true
+		m.run(retry)
 	case d.err != nil:
 		d.call.unlock.Complete(d.err)
+	case d.reply.Nil && d.call.retried:
+		// The first try most likely ran before its connection failed: the lock is
+		// no longer this owner's, which is what Unlock asked for.
+		if h != nil {
+			m.dropHold(h)
+		}
+		d.call.unlock.Complete(nil)
 	case d.reply.Nil: // the owner's field is gone: the lease ran out, or a force-release
 		if h != nil {
 			m.loseHold(h, false)

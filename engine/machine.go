@@ -396,7 +396,7 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 
 func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	l := w.lock
-	if _, isRedisErr := rueidis.IsRedisErr(err); isRedisErr || w.oneShot || w.expired || w.cancelErr != nil || m.closing {
+	if isRedisError(err) || w.oneShot || w.expired || w.cancelErr != nil || m.closing {
 		// A Redis error reply (wrong type, script error, no auth) will not go away by
 		// retrying; a waiter out of time or cancelled gets its answer now.
 		if w.cancelErr != nil {
@@ -777,6 +777,13 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeLeave:
 		m.onLeaveDone(d, now)
 	}
+}
+
+// isRedisError tells an error reply of Redis (wrong type, script error, no auth),
+// which retrying will not cure, from a transport error, which it may.
+func isRedisError(err error) bool {
+	_, ok := rueidis.IsRedisErr(err)
+	return ok
 }
 
 // Stats is a snapshot of the engine's counters, for tests and metrics.

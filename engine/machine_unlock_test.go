@@ -41,7 +41,7 @@ func TestMachineUnlock(t *testing.T) {
 		{"reply 0: still held, one count less", replyInt(0), nil, nil, 1, false},
 		{"reply 1: released", replyInt(1), nil, nil, 0, false},
 		{"reply nil: the hold was gone", replyNil, nil, ErrNotHeld, 0, true},
-		{"transport error", scripts.Reply{}, errConn, errConn, 2, false},
+		{"transport error, twice", scripts.Reply{}, errConn, errConn, 2, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,6 +65,15 @@ func TestMachineUnlock(t *testing.T) {
 			mustPending(t, "unlock in flight", f)
 
 			h.reply(c, tt.reply, tt.err)
+			if tt.err != nil {
+				// A transport error is retried once, at once, with the same call.
+				r := h.take().one(t, scripts.LockRelease)
+				if !slices.Equal(r.args, c.args) {
+					t.Errorf("retry args %v, want %v", r.args, c.args)
+				}
+				mustPending(t, "unlock while retrying", f)
+				h.reply(r, tt.reply, tt.err)
+			}
 			s := h.take()
 			err := mustGet(t, "unlock", f)
 			if tt.wantErr == nil && err != nil || tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
@@ -390,4 +399,22 @@ func TestMachineStaleTimers(t *testing.T) {
 	h.fire(timer.Key{Kind: kindRetry, ID: 999, Gen: 1})
 	h.fire(timer.Key{Kind: kindLinger, ID: 999, Gen: 1})
 	h.take().none(t)
+}
+
+// A release retried after a transport error that finds the owner's field gone means
+// the first try ran: the Unlock succeeded, and the hold ends without Lost.
+func TestMachineUnlockRetryAfterAmbiguousFailure(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	lost := h.hold("L", 1).lost.C()
+	f := h.unlock("L", 1)
+	h.reply(h.take().one(t, scripts.LockRelease), scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.LockRelease), replyNil, nil)
+	if err := mustGet(t, "unlock", f); err != nil {
+		t.Fatalf("unlock got %v, want nil", err)
+	}
+	if h.hold("L", 1) != nil {
+		t.Error("hold kept")
+	}
+	mustNotFired(t, "Lost", lost)
 }

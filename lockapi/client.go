@@ -71,6 +71,7 @@ func New(opts Options) (*Client, error) {
 		OpTimeout:    opts.OpTimeout,
 		CloseTimeout: opts.CloseTimeout,
 		FairWait:     opts.FairWaitTimeout,
+		AbortIO:      c.abortIO,
 	})
 	if err != nil {
 		c.pubsub.Close()
@@ -134,6 +135,15 @@ func (c *Client) Close() error {
 		c.rc.Close()
 	}
 	return nil
+}
+
+// abortIO makes calls in flight fail at once when Close's releases overrun
+// CloseTimeout (a server that stopped answering). A caller's own rueidis client is
+// left alone: its timeouts bound the calls instead.
+func (c *Client) abortIO() {
+	if c.ownsRC {
+		c.rc.Close()
+	}
 }
 
 func (c *Client) isClosed() bool {
