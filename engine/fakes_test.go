@@ -196,7 +196,7 @@ func (r *memRedis) run(id scripts.ID, keys, args []string, pub *[][2]string) scr
 			}
 		}
 		return scripts.Reply{Ints: out}
-	case scripts.LockHandoff: // KEYS lock; ARGV field, lease, next field, next lease
+	case scripts.LockHandoff: // KEYS lock, channel; ARGV field, lease, next field, next lease, bound, message
 		h := r.get(keys[0])
 		if h == nil || h.fields[args[0]] == 0 {
 			return scripts.Reply{Nil: true}
@@ -205,6 +205,13 @@ func (r *memRedis) run(id scripts.ID, keys, args []string, pub *[][2]string) scr
 		if h.fields[args[0]] > 0 {
 			r.pexpire(keys[0], args[1])
 			return scripts.Reply{Int: 0}
+		}
+		// The model does not count subscribers: at the chain bound it assumes
+		// another process listens, and releases to everyone.
+		if args[4] == "1" {
+			delete(r.keys, keys[0])
+			*pub = append(*pub, [2]string{keys[1], args[5]})
+			return scripts.Reply{Int: 1}
 		}
 		r.keys[keys[0]] = &memHash{fields: map[string]int64{args[2]: 1}}
 		r.pexpire(keys[0], args[3])

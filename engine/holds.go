@@ -231,10 +231,12 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 // directly, or nil.
 //
 // Why a bound: a direct handoff never frees the lock, so waiters in other processes
-// never see a release. Like sync.Mutex's starvation mode, a chain of local handoffs
-// ends after cfg.handoffChain handoffs or cfg.handoffAge, whichever comes first; then
-// the lock is released to everyone and this process's head competes with the other
-// processes' heads on the same unlock message.
+// never see a release. Like sync.Mutex's starvation mode, once a chain of local
+// handoffs reaches cfg.handoffChain handoffs or cfg.handoffAge, whichever comes
+// first, the handoff script releases the lock to everyone instead, if anyone besides
+// this client listens on the unlock channel; this process's head then competes with
+// the other processes' heads on the same unlock message. When nobody else listens,
+// nobody else is waiting to be woken, and the chain goes on.
 func (m *machine) handoffTarget(l *lockState, h *hold, now time.Time) *waiter {
 	m.pruneCancelled(l)
 	w := l.queue.head
@@ -249,13 +251,19 @@ func (m *machine) handoffTarget(l *lockState, h *hold, now time.Time) *waiter {
 		}
 		return w
 	}
-	if l.chain > 0 && (l.chain >= m.cfg.handoffChain || now.Sub(l.chainStart) >= m.cfg.handoffAge) {
-		return nil
-	}
 	return w
 }
 
+// chainBound reports whether l's chain of local handoffs has reached its bound.
+func (m *machine) chainBound(l *lockState, now time.Time) bool {
+	return l.chain > 0 && (l.chain >= m.cfg.handoffChain || now.Sub(l.chainStart) >= m.cfg.handoffAge)
+}
+
 func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Future[error], now time.Time) {
+	bound := "0"
+	if m.chainBound(l, now) {
+		bound = "1"
+	}
 	if l.chain == 0 {
 		l.chainStart = now
 	}
@@ -279,8 +287,8 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	}
 	m.run(scriptCall{
 		script:  scripts.LockHandoff,
-		keys:    []string{l.name},
-		args:    []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease))},
+		keys:    []string{l.name, l.channel},
+		args:    []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)), bound, unlockMessage},
 		purpose: purposeHandoff,
 		lock:    l.id,
 		waiter:  w.id,
@@ -362,9 +370,12 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		} else if l != nil {
 			m.abandon(l, d.call.args[2], 1)
 		}
-	case d.reply.Int == 1: // fair lock: released to another process's waiter, ahead in the queue
+	case d.reply.Int == 1: // released to everyone (chain bound), or to a fair waiter ahead in the queue
 		if h != nil {
 			m.dropHold(h)
+		}
+		if l != nil {
+			l.chain = 0
 		}
 		d.call.unlock.Complete(nil)
 		m.handoffRefused(w)

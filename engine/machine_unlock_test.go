@@ -177,10 +177,10 @@ func TestMachineHandoff(t *testing.T) {
 		lostA := h.hold("L", 1).lost.C()
 		f := h.unlock("L", a.owner)
 		c := h.take().one(t, scripts.LockHandoff) // not a release plus an attempt
-		if want := []string{"L"}; !slices.Equal(c.keys, want) {
+		if want := []string{"L", "redisson_lock__channel:{L}"}; !slices.Equal(c.keys, want) {
 			t.Errorf("keys %v, want %v", c.keys, want)
 		}
-		if want := []string{"cid:1", "30000", "cid:2", "5000"}; !slices.Equal(c.args, want) {
+		if want := []string{"cid:1", "30000", "cid:2", "5000", "0", "0"}; !slices.Equal(c.args, want) {
 			t.Errorf("args %v, want %v", c.args, want)
 		}
 		mustPending(t, "unlock", f)
@@ -276,21 +276,24 @@ func TestMachineHandoff(t *testing.T) {
 	})
 }
 
-// A chain of local handoffs ends after handoffChain handoffs or handoffAge,
-// whichever comes first: then the lock is really released, so other processes'
-// waiters hear about it.
+// A chain of local handoffs reaches its bound after handoffChain handoffs or
+// handoffAge, whichever comes first: then the handoff script is told so, and (when
+// other processes listen) releases the lock to everyone, so their waiters hear
+// about it. "handoff" and "release" below are both lock_handoff calls, without and
+// with the bound flag; a "release" is answered 1 (released to everyone).
 func TestMachineHandoffChainBound(t *testing.T) {
+	const handoff, release = "handoff", "release"
 	tests := []struct {
 		name  string
 		chain int
 		age   time.Duration
 		step  time.Duration // time between unlocks
-		want  []scripts.ID  // per unlock
+		want  []string      // per unlock
 	}{
 		{"by count", 3, time.Hour, time.Millisecond,
-			[]scripts.ID{scripts.LockHandoff, scripts.LockHandoff, scripts.LockHandoff, scripts.LockRelease, scripts.LockHandoff}},
+			[]string{handoff, handoff, handoff, release, handoff}},
 		{"by age", 100, 5 * time.Millisecond, 3 * time.Millisecond,
-			[]scripts.ID{scripts.LockHandoff, scripts.LockHandoff, scripts.LockRelease, scripts.LockHandoff, scripts.LockHandoff}},
+			[]string{handoff, handoff, release, handoff, handoff}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -305,11 +308,14 @@ func TestMachineHandoffChainBound(t *testing.T) {
 			for i, want := range tt.want {
 				h.now = h.now.Add(tt.step)
 				f := h.unlock("L", prev.owner)
-				c := h.take().one(t, want)
+				c := h.take().one(t, scripts.LockHandoff)
+				if bound := c.args[4] == "1"; bound != (want == release) {
+					t.Fatalf("unlock %d: bound flag %q, want %s", i, c.args[4], want)
+				}
 				switch want {
-				case scripts.LockHandoff:
+				case handoff:
 					h.reply(c, replyInt(2), nil)
-				case scripts.LockRelease:
+				case release:
 					// Released to everyone; the local head competes on its own attempt.
 					h.reply(c, replyInt(1), nil)
 					att := h.attemptAfterRelease(t, "L")

@@ -1,13 +1,23 @@
 -- lock_handoff.lua: release by one owner and grant to the next local waiter in one
 -- call, without a pub/sub hop. The lock is never free in between, so nothing is
 -- published; the hash stays in Redisson's layout at every step.
+--
+-- Fairness to other processes: when the caller's chain of handoffs has reached its
+-- bound (ARGV[5] = "1") and anyone besides the caller listens on the unlock channel
+-- (waiters of other processes, Redisson clients), the lock is released to everyone
+-- instead. When nobody else listens, nobody else waits for a wake-up, and the
+-- handoff goes ahead.
 -- KEYS[1]  the lock hash
+-- KEYS[2]  the unlock channel
 -- ARGV[1]  the releasing owner's field
 -- ARGV[2]  the releasing owner's lease in milliseconds (re-applied if it still holds)
 -- ARGV[3]  the receiving owner's field
 -- ARGV[4]  the receiving owner's lease in milliseconds
+-- ARGV[5]  "1" when the chain bound is reached, else "0"
+-- ARGV[6]  unlock message ("0")
 -- Reply: nil when the releasing owner does not hold the lock (nothing changed);
 --        0 when it still holds it after the decrement (no handoff);
+--        1 when the lock was released to everyone (deleted, message published);
 --        2 when the lock passed to the receiving owner with a count of 1.
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     return nil
@@ -18,6 +28,10 @@ if count > 0 then
     return 0
 end
 redis.call('del', KEYS[1])
+if ARGV[5] == '1' and redis.call('pubsub', 'numsub', KEYS[2])[2] > 1 then
+    redis.call('publish', KEYS[2], ARGV[6])
+    return 1
+end
 redis.call('hset', KEYS[1], ARGV[3], 1)
 redis.call('pexpire', KEYS[1], ARGV[4])
 return 2
