@@ -67,7 +67,7 @@ var allKinds = []contenderKind{
 		name:  "leash",
 		waits: "local FIFO queue + pub/sub wake-up, direct local handoff",
 		// lock_acquire/lock_release/lock_handoff/lock_renew/lock_release_owner.lua.
-		scriptOnly: []string{"exists", "hexists", "hincrby", "pexpire", "pttl", "del", "publish", "hset", "hlen", "hdel"},
+		scriptOnly: []string{"exists", "hexists", "hincrby", "pexpire", "pttl", "del", "publish", "hset", "hlen", "hdel", "pubsub|numsub"},
 		open:       openLeash("leash", func(c *lockapi.Client, name string) leashHandle { return c.Mutex(name) }),
 	},
 	// leash-fair: lockapi.Client.FairMutex has landed and returns a *lockapi.Mutex,

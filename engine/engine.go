@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -347,10 +348,19 @@ func (e *Engine) apply() {
 			e.scheduler.Schedule(op.key, op.d)
 		}
 	}
-	for _, call := range fx.scripts {
-		e.inflight++
+	if br, ok := e.runner.(scripts.BatchRunner); ok && len(fx.scripts) > 1 {
+		// One goroutine and one pipelined write for everything this step produced
+		// (a burst of acquires, a renewal sweep), instead of one goroutine per call.
+		batch := slices.Clone(fx.scripts)
+		e.inflight += len(batch)
 		e.ioWG.Add(1)
-		go e.runScript(call)
+		go e.runBatch(br, batch)
+	} else {
+		for _, call := range fx.scripts {
+			e.inflight++
+			e.ioWG.Add(1)
+			go e.runScript(call)
+		}
 	}
 	for _, op := range fx.subs {
 		e.inflight++
@@ -374,6 +384,20 @@ func (e *Engine) runScript(call scriptCall) {
 	sentAt := time.Now()
 	reply, err := e.runner.Run(context.Background(), call.script, call.keys, call.args)
 	e.mail.post(scriptDone{call: call, sentAt: sentAt, reply: reply, err: err})
+}
+
+// runBatch is runScript for many calls at once.
+func (e *Engine) runBatch(br scripts.BatchRunner, batch []scriptCall) {
+	defer e.ioWG.Done()
+	calls := make([]scripts.Call, len(batch))
+	for i, c := range batch {
+		calls[i] = scripts.Call{ID: c.script, Keys: c.keys, Args: c.args}
+	}
+	sentAt := time.Now()
+	results := br.RunBatch(context.Background(), calls)
+	for i, c := range batch {
+		e.mail.post(scriptDone{call: c, sentAt: sentAt, reply: results[i].Reply, err: results[i].Err})
+	}
 }
 
 func (e *Engine) runSub(op subOp) {

@@ -8,7 +8,9 @@ package scripts
 
 import (
 	"context"
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 
@@ -114,13 +116,34 @@ type Runner interface {
 	Run(ctx context.Context, id ID, keys, args []string) (Reply, error)
 }
 
+// Call is one script call of a batch.
+type Call struct {
+	ID         ID
+	Keys, Args []string
+}
+
+// Result is one call's outcome.
+type Result struct {
+	Reply Reply
+	Err   error
+}
+
+// BatchRunner is a Runner that can also send many calls in one write. The engine
+// uses it, when available, to send the calls one step of its loop produced together.
+type BatchRunner interface {
+	Runner
+	// RunBatch runs calls and returns their results in the same order.
+	RunBatch(ctx context.Context, calls []Call) []Result
+}
+
 // Redis runs the scripts on a rueidis client.
 type Redis struct {
 	client  rueidis.Client
 	scripts [numScripts]*rueidis.Lua
+	shas    [numScripts]string
 }
 
-var _ Runner = (*Redis)(nil)
+var _ BatchRunner = (*Redis)(nil)
 
 // NewRedis returns a Runner over client. SHAs are computed from the embedded sources;
 // nothing is sent until the first call.
@@ -128,8 +151,53 @@ func NewRedis(client rueidis.Client) *Redis {
 	r := &Redis{client: client}
 	for i, src := range sources {
 		r.scripts[i] = rueidis.NewLuaScript(src)
+		sum := sha1.Sum([]byte(src))
+		r.shas[i] = hex.EncodeToString(sum[:])
 	}
 	return r
+}
+
+// RunBatch implements BatchRunner: one pipelined write of EVALSHA calls; calls the
+// server answers NOSCRIPT (its script cache was flushed, or it restarted) are sent
+// again with EVAL, which also loads the script.
+func (r *Redis) RunBatch(ctx context.Context, calls []Call) []Result {
+	c := r.client
+	cmds := make(rueidis.Commands, len(calls))
+	for i, call := range calls {
+		cmds[i] = c.B().Evalsha().Sha1(r.shas[call.ID]).Numkeys(int64(len(call.Keys))).Key(call.Keys...).Arg(call.Args...).Build()
+	}
+	out := make([]Result, len(calls))
+	var again []int
+	for i, res := range c.DoMulti(ctx, cmds...) {
+		if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
+			again = append(again, i)
+			continue
+		}
+		out[i] = result(res)
+	}
+	if len(again) > 0 {
+		cmds = cmds[:0]
+		for _, i := range again {
+			call := calls[i]
+			cmds = append(cmds, c.B().Eval().Script(sources[call.ID]).Numkeys(int64(len(call.Keys))).Key(call.Keys...).Arg(call.Args...).Build())
+		}
+		for j, res := range c.DoMulti(ctx, cmds...) {
+			out[again[j]] = result(res)
+		}
+	}
+	return out
+}
+
+func result(res rueidis.RedisResult) Result {
+	msg, err := res.ToMessage()
+	if err != nil {
+		if rueidis.IsRedisNil(err) {
+			return Result{Reply: Reply{Nil: true}}
+		}
+		return Result{Err: err}
+	}
+	reply, err := decode(msg)
+	return Result{Reply: reply, Err: err}
 }
 
 // Run implements Runner.
