@@ -1,0 +1,7 @@
+// Package scripts holds leash's Lua scripts, embedded from .lua files, and runs them
+// by SHA (EVALSHA, falling back to EVAL on NOSCRIPT) through rueidis, whose
+// auto-pipelining batches concurrent calls into few round trips.
+//
+// Each .lua file's header lists its KEYS, ARGV and replies; the wire layout follows
+// Redisson's (see shared/PROTOCOL.md) so Go and Java services can share a lock.
+package scripts
