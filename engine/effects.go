@@ -48,7 +48,7 @@ type scriptCall struct {
 	hold    uint64   // purposeUnlock, purposeHandoff
 	owner   uint64   // purposeLeave
 	batch   []uint64 // purposeRenew: hold ids, in KEYS order
-	retried bool     // purposeUnlock: this is the one retry after a transport error
+	retried bool     // this is the one retry after a transport error (releases, leaves)
 	unlock  *futures.Future[error]
 	force   *futures.Future[forceResult]
 }

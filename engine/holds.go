@@ -300,13 +300,10 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 	h := m.holdByID[d.call.hold]
 	l := m.lockByID[d.call.lock]
+	if m.retryOnce(d) {
+		return
+	}
 	switch {
-	case d.err != nil && !d.call.retried && !isRedisError(d.err) && !m.closing:
-		// A transport error (a connection that died with a restarted server is
-		// found dead only when used): retry once, at once.
-		retry := d.call
-		retry.retried = true
-		m.run(retry)
 	case d.err != nil:
 		d.call.unlock.Complete(d.err)
 	case d.reply.Nil && d.call.retried:

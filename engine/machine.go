@@ -767,6 +767,9 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeUnlock:
 		m.onUnlockDone(d, now)
 	case purposeAbandon:
+		if m.retryOnce(d) {
+			return
+		}
 		if l := m.lockByID[d.call.lock]; l != nil {
 			m.maybeForget(l)
 		}
@@ -775,8 +778,24 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeRenew:
 		m.onRenewDone(d, now)
 	case purposeLeave:
+		if m.retryOnce(d) {
+			return
+		}
 		m.onLeaveDone(d, now)
 	}
+}
+
+// retryOnce sends a release-type call again, once, after a transport error: a
+// connection found dead on use (a restarted server), or a call that could not run in
+// order (scripts.ErrReordered). It reports whether it did.
+func (m *machine) retryOnce(d scriptDone) bool {
+	if d.err == nil || d.call.retried || isRedisError(d.err) || m.closing {
+		return false
+	}
+	retry := d.call
+	retry.retried = true
+	m.run(retry)
+	return true
 }
 
 // isRedisError tells an error reply of Redis (wrong type, script error, no auth),

@@ -46,7 +46,7 @@ if redis.call('exists', KEYS[1]) == 0 then
             -- everyone behind moves up one place: their allowance shrinks by one wait
             local rest = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES')
             for i = 1, #rest, 2 do
-                redis.call('zadd', KEYS[3], math.max(tonumber(rest[i + 1]) - wait, now + wait), rest[i])
+                redis.call('zadd', KEYS[3], math.max(tonumber(rest[i + 1]) - wait, math.min(tonumber(rest[i + 1]), now + wait)), rest[i])
             end
         end
         redis.call('hset', KEYS[1], ARGV[2], 1)

@@ -46,7 +46,7 @@ if head == ARGV[3] then
     redis.call('zrem', KEYS[3], ARGV[3])
     local rest = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES')
     for i = 1, #rest, 2 do
-        redis.call('zadd', KEYS[3], math.max(tonumber(rest[i + 1]) - wait, now + wait), rest[i])
+        redis.call('zadd', KEYS[3], math.max(tonumber(rest[i + 1]) - wait, math.min(tonumber(rest[i + 1]), now + wait)), rest[i])
     end
     redis.call('hset', KEYS[1], ARGV[3], 1)
     redis.call('pexpire', KEYS[1], ARGV[4])

@@ -28,7 +28,7 @@ local now = tonumber(ARGV[4])
 for i = pos + 1, #queue do
     local d = tonumber(redis.call('zscore', KEYS[3], queue[i]))
     if d then
-        redis.call('zadd', KEYS[3], math.max(d - wait, now + wait), queue[i])
+        redis.call('zadd', KEYS[3], math.max(d - wait, math.min(d, now + wait)), queue[i])
     end
 end
 redis.call('zrem', KEYS[3], ARGV[1])

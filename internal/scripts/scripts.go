@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/redis/rueidis"
 )
@@ -151,35 +152,90 @@ func NewRedis(client rueidis.Client) *Redis {
 	return r
 }
 
-// RunBatch implements BatchRunner: one pipelined write of EVALSHA calls; calls the
-// server answers NOSCRIPT (its script cache was flushed, or it restarted) are sent
-// again with EVAL, which also loads the script.
+// ErrReordered is a call's result when the server did not run it (NOSCRIPT) and a
+// later call of the same batch on one of its keys did run: sending it again now
+// would run the two in the wrong order. Nothing ran, so the caller may retry it,
+// as after a transport error.
+var ErrReordered = errors.New("leash: script not loaded when sent; a later call on the same lock already ran")
+
+// RunBatch implements BatchRunner: one pipelined write of EVALSHA calls. When the
+// server answers NOSCRIPT (its script cache was flushed, or it restarted), every
+// script is loaded again, and the calls that did not run are sent again, in order,
+// unless a later call on one of their keys already ran (see ErrReordered).
 func (r *Redis) RunBatch(ctx context.Context, calls []Call) []Result {
 	c := r.client
 	cmds := make(rueidis.Commands, len(calls))
 	for i, call := range calls {
-		cmds[i] = c.B().Evalsha().Sha1(r.shas[call.ID]).Numkeys(int64(len(call.Keys))).Key(call.Keys...).Arg(call.Args...).Build()
+		cmds[i] = r.evalsha(call)
 	}
 	out := make([]Result, len(calls))
-	var again []int
+	var missed []int
 	for i, res := range c.DoMulti(ctx, cmds...) {
 		if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
-			again = append(again, i)
+			missed = append(missed, i)
 			continue
 		}
 		out[i] = result(res)
 	}
-	if len(again) > 0 {
-		cmds = cmds[:0]
-		for _, i := range again {
-			call := calls[i]
-			cmds = append(cmds, c.B().Eval().Script(sources[call.ID]).Numkeys(int64(len(call.Keys))).Key(call.Keys...).Arg(call.Args...).Build())
+	if len(missed) == 0 {
+		return out
+	}
+	if err := r.loadAll(ctx); err != nil {
+		for _, i := range missed {
+			out[i] = Result{Err: err}
 		}
-		for j, res := range c.DoMulti(ctx, cmds...) {
-			out[again[j]] = result(res)
+		return out
+	}
+	var again []int
+	cmds = cmds[:0]
+	for _, i := range missed {
+		if overtaken(calls, missed, i) {
+			out[i] = Result{Err: ErrReordered}
+			continue
 		}
+		again = append(again, i)
+		cmds = append(cmds, r.evalsha(calls[i]))
+	}
+	for j, res := range c.DoMulti(ctx, cmds...) {
+		out[again[j]] = result(res)
 	}
 	return out
+}
+
+func (r *Redis) evalsha(call Call) rueidis.Completed {
+	return r.client.B().Evalsha().Sha1(r.shas[call.ID]).Numkeys(int64(len(call.Keys))).Key(call.Keys...).Arg(call.Args...).Build()
+}
+
+// overtaken reports whether a call after calls[i] that did run (is not in missed)
+// shares a key with it.
+func overtaken(calls []Call, missed []int, i int) bool {
+	for j := i + 1; j < len(calls); j++ {
+		if slices.Contains(missed, j) {
+			continue
+		}
+		for _, k := range calls[j].Keys {
+			if slices.Contains(calls[i].Keys, k) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// loadAll loads every script into the server's cache, in one write, so a flushed
+// cache is refilled whole rather than script by script.
+func (r *Redis) loadAll(ctx context.Context) error {
+	c := r.client
+	cmds := make(rueidis.Commands, 0, numScripts)
+	for _, src := range sources {
+		cmds = append(cmds, c.B().ScriptLoad().Script(src).Build())
+	}
+	for _, res := range c.DoMulti(ctx, cmds...) {
+		if err := res.Error(); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func result(res rueidis.RedisResult) Result {
@@ -225,3 +281,6 @@ func decode(msg rueidis.RedisMessage) (Reply, error) {
 	}
 	return Reply{Ints: ints}, nil
 }
+
+// NumScripts is how many scripts the package holds (for tests and tools).
+const NumScripts = int(numScripts)

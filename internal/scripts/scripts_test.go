@@ -1,0 +1,768 @@
+package scripts_test
+
+// Tests of the reentrant-lock scripts and of the runner, against a real
+// redis-server. The fair-lock scripts are tested in fair_scripts_test.go.
+//
+// Every top-level test starts its own server and runs in parallel with the
+// others; its subtests run one after the other on distinct lock names.
+// Publications are observed on a raw PSUBSCRIBE connection (pattern
+// subscribers do not count in PUBSUB NUMSUB, so the observer never changes
+// what lock_handoff sees); a marker message published after the script marks
+// the end of what the script could have published, so "nothing was
+// published" is checked without sleeping.
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/internal/testredis"
+)
+
+func TestMain(m *testing.M) { testredis.Main(m) }
+
+const (
+	lease     = 30_000 // ms: the releasing/acquiring owner's lease
+	leaseB    = 45_000 // ms: a receiving owner's lease, distinguishable from lease
+	unlockMsg = "0"
+	// pttlSlack is how far below the lease a freshly set PTTL may be read back.
+	pttlSlack = 2_000
+	// ioTimeout bounds every round trip of a test.
+	ioTimeout = 5 * time.Second
+)
+
+// channel is the reentrant lock's unlock channel (and the fair lock's channel prefix).
+func channel(name string) string { return "redisson_lock__channel:{" + name + "}" }
+
+// env is one redis-server, a rueidis client on it and the runner under test.
+type env struct {
+	srv *testredis.Server
+	rc  rueidis.Client
+	r   *scripts.Redis
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	srv := testredis.New(t)
+	rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rc.Close) // runs before the server is stopped (cleanups run last-in first-out)
+	return &env{srv: srv, rc: rc, r: scripts.NewRedis(rc)}
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), ioTimeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// run runs one script through Runner.Run and fails the test on an error.
+func (e *env) run(t *testing.T, id scripts.ID, keys []string, args ...string) scripts.Reply {
+	t.Helper()
+	rep, err := e.r.Run(ctxT(t), id, keys, args)
+	if err != nil {
+		t.Fatalf("%v %q %q: %v", id, keys, args, err)
+	}
+	return rep
+}
+
+// do sends a raw command over testredis's own connection.
+func (e *env) do(t *testing.T, args ...string) string {
+	t.Helper()
+	out, err := e.srv.Do(args...)
+	if err != nil {
+		t.Fatalf("%q: %v", args, err)
+	}
+	return out
+}
+
+func (e *env) doInt(t *testing.T, args ...string) int64 {
+	t.Helper()
+	out := e.do(t, args...)
+	n, err := strconv.ParseInt(out, 10, 64)
+	if err != nil {
+		t.Fatalf("%q: reply %q is not an integer", args, out)
+	}
+	return n
+}
+
+func (e *env) pttl(t *testing.T, key string) int64 {
+	t.Helper()
+	return e.doInt(t, "PTTL", key)
+}
+
+// wantPTTL checks that key's PTTL was just set to ms.
+func (e *env) wantPTTL(t *testing.T, key string, ms int64) {
+	t.Helper()
+	if got := e.pttl(t, key); got <= ms-pttlSlack || got > ms {
+		t.Errorf("PTTL %s = %d, want about %d", key, got, ms)
+	}
+}
+
+// setHash replaces key with the hash described by spec ("A=2 B=1"; "" deletes the
+// key) and gives it the PTTL pttl in ms (-1: no expiry).
+func (e *env) setHash(t *testing.T, key, spec string, pttl int64) {
+	t.Helper()
+	e.do(t, "DEL", key)
+	if spec == "" {
+		return
+	}
+	args := []string{"HSET", key}
+	for f := range strings.FieldsSeq(spec) {
+		k, v, _ := strings.Cut(f, "=")
+		args = append(args, k, v)
+	}
+	e.do(t, args...)
+	if pttl >= 0 {
+		e.do(t, "PEXPIRE", key, strconv.FormatInt(pttl, 10))
+	}
+}
+
+// hash renders key's hash as "A=2 B=1" (fields sorted); "" when the key is absent.
+func (e *env) hash(t *testing.T, key string) string {
+	t.Helper()
+	out := e.do(t, "HGETALL", key)
+	if out == "" {
+		return ""
+	}
+	kv := strings.Split(out, "\n")
+	fields := make([]string, 0, len(kv)/2)
+	for i := 0; i+1 < len(kv); i += 2 {
+		fields = append(fields, kv[i]+"="+kv[i+1])
+	}
+	slices.Sort(fields)
+	return strings.Join(fields, " ")
+}
+
+func (e *env) wantHash(t *testing.T, key, want string) {
+	t.Helper()
+	if got := e.hash(t, key); got != want {
+		t.Errorf("hash %s = %q, want %q", key, got, want)
+	}
+}
+
+// show renders a reply: "nil", "5", "[1 0 1]".
+func show(r scripts.Reply) string {
+	switch {
+	case r.Nil:
+		return "nil"
+	case r.Ints != nil:
+		return fmt.Sprint(r.Ints)
+	default:
+		return strconv.FormatInt(r.Int, 10)
+	}
+}
+
+func wantReply(t *testing.T, what string, got scripts.Reply, want string) {
+	t.Helper()
+	if s := show(got); s != want {
+		t.Errorf("%s replied %s, want %s", what, s, want)
+	}
+}
+
+// wantIntIn checks an integer reply in (lo, hi] and returns it.
+func wantIntIn(t *testing.T, what string, got scripts.Reply, lo, hi int64) int64 {
+	t.Helper()
+	if got.Nil || got.Ints != nil || got.Int <= lo || got.Int > hi {
+		t.Errorf("%s replied %s, want an integer in (%d, %d]", what, show(got), lo, hi)
+	}
+	return got.Int
+}
+
+// ---- raw RESP connections for pub/sub ----
+
+// conn is a raw RESP2 connection, used for subscriptions.
+type conn struct {
+	c net.Conn
+	r *bufio.Reader
+}
+
+func (e *env) dial(t *testing.T) *conn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", e.srv.Addr(), ioTimeout)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return &conn{c: c, r: bufio.NewReader(c)}
+}
+
+func (c *conn) send(t *testing.T, args ...string) {
+	t.Helper()
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	c.c.SetWriteDeadline(time.Now().Add(ioTimeout))
+	if _, err := io.WriteString(c.c, b.String()); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// recv reads one reply, which must be an array of strings and integers (the only
+// replies a subscribed connection gets), within ioTimeout.
+func (c *conn) recv(t *testing.T) []string {
+	t.Helper()
+	c.c.SetReadDeadline(time.Now().Add(ioTimeout))
+	line := c.line(t)
+	if line[0] != '*' {
+		t.Fatalf("pub/sub connection: unexpected reply %q", line)
+	}
+	n, err := strconv.Atoi(line[1:])
+	if err != nil {
+		t.Fatalf("pub/sub connection: bad array header %q", line)
+	}
+	elems := make([]string, n)
+	for i := range elems {
+		switch h := c.line(t); h[0] {
+		case ':', '+':
+			elems[i] = h[1:]
+		case '$':
+			size, err := strconv.Atoi(h[1:])
+			if err != nil || size < 0 {
+				t.Fatalf("pub/sub connection: bad bulk header %q", h)
+			}
+			buf := make([]byte, size+2)
+			if _, err := io.ReadFull(c.r, buf); err != nil {
+				t.Fatalf("pub/sub connection: %v", err)
+			}
+			elems[i] = string(buf[:size])
+		default:
+			t.Fatalf("pub/sub connection: unexpected element %q", h)
+		}
+	}
+	return elems
+}
+
+func (c *conn) line(t *testing.T) string {
+	t.Helper()
+	s, err := c.r.ReadString('\n')
+	if err != nil {
+		t.Fatalf("pub/sub connection: %v", err)
+	}
+	s = strings.TrimSuffix(s, "\r\n")
+	if s == "" {
+		t.Fatal("pub/sub connection: empty line")
+	}
+	return s
+}
+
+// subscribe opens a connection subscribed (SUBSCRIBE, counted by PUBSUB NUMSUB) to
+// channel and returns once the subscription is active.
+func (e *env) subscribe(t *testing.T, channel string) *conn {
+	t.Helper()
+	c := e.dial(t)
+	c.send(t, "SUBSCRIBE", channel)
+	if got := c.recv(t); len(got) != 3 || got[0] != "subscribe" || got[1] != channel {
+		t.Fatalf("SUBSCRIBE %s: %q", channel, got)
+	}
+	return c
+}
+
+// watcher sees every message published on a channel whose name contains "{name}".
+type watcher struct {
+	e      *env
+	c      *conn
+	marker string
+}
+
+// watch starts watching the channels of lock name; the subscription is active
+// when it returns.
+func (e *env) watch(t *testing.T, name string) *watcher {
+	t.Helper()
+	c := e.dial(t)
+	pattern := "*{" + name + "}*"
+	c.send(t, "PSUBSCRIBE", pattern)
+	if got := c.recv(t); len(got) != 3 || got[0] != "psubscribe" || got[1] != pattern {
+		t.Fatalf("PSUBSCRIBE %s: %q", pattern, got)
+	}
+	return &watcher{e: e, c: c, marker: "test-marker:{" + name + "}"}
+}
+
+// published returns, as "channel=message", what was published on the watched
+// channels since the last call (or since watch).
+func (w *watcher) published(t *testing.T) []string {
+	t.Helper()
+	w.e.do(t, "PUBLISH", w.marker, "end")
+	var got []string
+	for {
+		m := w.c.recv(t)
+		if len(m) != 4 || m[0] != "pmessage" {
+			t.Fatalf("watcher: unexpected push %q", m)
+		}
+		if m[2] == w.marker {
+			return got
+		}
+		got = append(got, m[2]+"="+m[3])
+	}
+}
+
+func (w *watcher) want(t *testing.T, want ...string) {
+	t.Helper()
+	if got := w.published(t); !slices.Equal(got, want) {
+		t.Errorf("published %q, want %q", got, want)
+	}
+}
+
+// ---- the scripts' identities ----
+
+func TestSources(t *testing.T) {
+	t.Parallel()
+	files := []string{
+		"lock_acquire", "lock_release", "lock_release_owner", "lock_force_release", "lock_renew", "lock_handoff",
+		"fair_acquire", "fair_release", "fair_leave", "fair_handoff", "fair_force_release",
+	}
+	for i, name := range files {
+		id := scripts.ID(i)
+		if id.String() != name {
+			t.Errorf("ID %d is %q, want %q", i, id, name)
+		}
+		if !strings.HasPrefix(scripts.Source(id), "-- "+name+".lua:") {
+			t.Errorf("Source(%v) does not start with its file's header", id)
+		}
+	}
+}
+
+// ---- lock_acquire ----
+
+func TestLockAcquire(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cases := []struct {
+		name      string
+		hash      string // the lock's hash before the call ("" = free)
+		pttl      int64  // its PTTL before the call (-1: none)
+		owner     string
+		wantMin   int64 // for a PTTL reply: the reply is in (wantMin, wantMax]
+		wantMax   int64
+		wantNil   bool
+		wantHash  string
+		wantLease bool // the PTTL was (re)set to the lease
+	}{
+		{name: "free", owner: "c:1", wantNil: true, wantHash: "c:1=1", wantLease: true},
+		{name: "reentry", hash: "c:1=1", pttl: 1_000, owner: "c:1", wantNil: true, wantHash: "c:1=2", wantLease: true},
+		{name: "other owner", hash: "c:1=1", pttl: 20_000, owner: "c:2",
+			wantMin: 20_000 - pttlSlack, wantMax: 20_000, wantHash: "c:1=1"},
+		{name: "other owner, no expiry", hash: "c:1=1", pttl: -1, owner: "c:2",
+			wantMin: -2, wantMax: -1, wantHash: "c:1=1"},
+		{name: "other owner besides a Java owner field", hash: "uuid-java:77=3", pttl: 20_000, owner: "c:1",
+			wantMin: 20_000 - pttlSlack, wantMax: 20_000, wantHash: "uuid-java:77=3"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := fmt.Sprintf("acq%d", i)
+			e.setHash(t, key, tc.hash, tc.pttl)
+			rep := e.run(t, scripts.LockAcquire, []string{key}, strconv.Itoa(lease), tc.owner)
+			if tc.wantNil {
+				wantReply(t, "lock_acquire", rep, "nil")
+			} else {
+				wantIntIn(t, "lock_acquire", rep, tc.wantMin, tc.wantMax)
+			}
+			e.wantHash(t, key, tc.wantHash)
+			if tc.wantLease {
+				e.wantPTTL(t, key, lease)
+			}
+		})
+	}
+}
+
+// ---- lock_release ----
+
+func TestLockRelease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cases := []struct {
+		name      string
+		hash      string
+		owner     string
+		want      string
+		wantHash  string
+		wantLease bool // PEXPIRE re-applied
+		wantPub   bool // "0" published on the lock's channel
+	}{
+		{name: "free", owner: "c:1", want: "nil"},
+		{name: "not owner", hash: "c:2=1", owner: "c:1", want: "nil", wantHash: "c:2=1"},
+		{name: "count 2", hash: "c:1=2", owner: "c:1", want: "0", wantHash: "c:1=1", wantLease: true},
+		{name: "count 1", hash: "c:1=1", owner: "c:1", want: "1", wantPub: true},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := fmt.Sprintf("rel%d", i)
+			e.setHash(t, key, tc.hash, 1_000)
+			w := e.watch(t, key)
+			rep := e.run(t, scripts.LockRelease, []string{key, channel(key)}, unlockMsg, strconv.Itoa(lease), tc.owner)
+			wantReply(t, "lock_release", rep, tc.want)
+			e.wantHash(t, key, tc.wantHash)
+			if tc.wantLease {
+				e.wantPTTL(t, key, lease)
+			} else if tc.wantHash != "" {
+				if p := e.pttl(t, key); p > 1_000 {
+					t.Errorf("PTTL %d: the lease was re-applied to a lock the caller does not hold", p)
+				}
+			}
+			if tc.wantPub {
+				w.want(t, channel(key)+"=0")
+			} else {
+				w.want(t)
+			}
+		})
+	}
+}
+
+// ---- lock_release_owner ----
+
+func TestLockReleaseOwner(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cases := []struct {
+		name     string
+		hash     string
+		queue    []string // fair variant when non-nil: KEYS[3] is this queue
+		owner    string
+		drop     string
+		want     string
+		wantHash string
+		wantPub  string // "" none; "lock": the lock's channel; else the queue head woken
+	}{
+		{name: "drop 1 of 3", hash: "c:1=3", owner: "c:1", drop: "1", want: "0", wantHash: "c:1=2"},
+		{name: "drop 1 of 1", hash: "c:1=1", owner: "c:1", drop: "1", want: "1", wantPub: "lock"},
+		{name: "drop 2 of 2", hash: "c:1=2", owner: "c:1", drop: "2", want: "1", wantPub: "lock"},
+		{name: "drop more than held", hash: "c:1=2", owner: "c:1", drop: "5", want: "1", wantPub: "lock"},
+		{name: "drop all (0)", hash: "c:1=3", owner: "c:1", drop: "0", want: "1", wantPub: "lock"},
+		{name: "not held, free", owner: "c:1", drop: "0", want: "-1"},
+		{name: "not held, other owner", hash: "c:2=1", owner: "c:1", drop: "0", want: "-1", wantHash: "c:2=1"},
+		{name: "fair, wakes only the head", hash: "c:1=1", queue: []string{"c:7", "c:8"}, owner: "c:1", drop: "0",
+			want: "1", wantPub: "c:7"},
+		{name: "fair, drop 1 of 2", hash: "c:1=2", queue: []string{"c:7"}, owner: "c:1", drop: "1",
+			want: "0", wantHash: "c:1=1"},
+		{name: "fair, empty queue", hash: "c:1=1", queue: []string{}, owner: "c:1", drop: "0", want: "1"},
+		{name: "fair, not held", hash: "c:2=1", queue: []string{"c:7"}, owner: "c:1", drop: "0",
+			want: "-1", wantHash: "c:2=1"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := fmt.Sprintf("relown%d", i)
+			e.setHash(t, key, tc.hash, lease)
+			keys := []string{key, channel(key)}
+			if tc.queue != nil {
+				q := "redisson_lock_queue:{" + key + "}"
+				keys = append(keys, q)
+				if len(tc.queue) > 0 {
+					e.do(t, append([]string{"RPUSH", q}, tc.queue...)...)
+				}
+			}
+			w := e.watch(t, key)
+			rep := e.run(t, scripts.LockReleaseOwner, keys, unlockMsg, tc.owner, tc.drop)
+			wantReply(t, "lock_release_owner", rep, tc.want)
+			e.wantHash(t, key, tc.wantHash)
+			switch tc.wantPub {
+			case "":
+				w.want(t)
+			case "lock":
+				w.want(t, channel(key)+"=0")
+			default:
+				w.want(t, channel(key)+":"+tc.wantPub+"=0")
+			}
+			if len(tc.queue) > 0 {
+				if got := e.do(t, "LRANGE", keys[2], "0", "-1"); got != strings.Join(tc.queue, "\n") {
+					t.Errorf("queue = %q, want it unchanged", got)
+				}
+			}
+		})
+	}
+}
+
+// ---- lock_force_release ----
+
+func TestLockForceRelease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	for i, tc := range []struct {
+		name, hash, want string
+		wantPub          bool
+	}{
+		{name: "held", hash: "c:1=2", want: "1", wantPub: true},
+		{name: "held by a Java owner", hash: "uuid-java:77=1", want: "1", wantPub: true},
+		{name: "absent", want: "0"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := fmt.Sprintf("force%d", i)
+			e.setHash(t, key, tc.hash, lease)
+			w := e.watch(t, key)
+			rep := e.run(t, scripts.LockForceRelease, []string{key, channel(key)}, unlockMsg)
+			wantReply(t, "lock_force_release", rep, tc.want)
+			if n := e.doInt(t, "EXISTS", key); n != 0 {
+				t.Error("the lock still exists")
+			}
+			if tc.wantPub {
+				w.want(t, channel(key)+"=0")
+			} else {
+				w.want(t)
+			}
+		})
+	}
+}
+
+// ---- lock_renew ----
+
+func TestLockRenew(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const renewed = 60_000
+
+	t.Run("one lock lost among three", func(t *testing.T) {
+		e.setHash(t, "ren1", "c:1=1", 1_000)
+		e.setHash(t, "ren2", "c:9=1", 1_000) // held by someone else
+		e.setHash(t, "ren3", "c:3=2", 1_000)
+		rep := e.run(t, scripts.LockRenew, []string{"ren1", "ren2", "ren3"},
+			strconv.Itoa(renewed), "c:1", "c:2", "c:3")
+		wantReply(t, "lock_renew", rep, "[1 0 1]")
+		e.wantPTTL(t, "ren1", renewed)
+		e.wantPTTL(t, "ren3", renewed)
+		if p := e.pttl(t, "ren2"); p > 1_000 {
+			t.Errorf("PTTL ren2 = %d: another owner's lock was extended", p)
+		}
+		e.wantHash(t, "ren1", "c:1=1")
+		e.wantHash(t, "ren2", "c:9=1")
+		e.wantHash(t, "ren3", "c:3=2")
+	})
+	t.Run("expired lock", func(t *testing.T) {
+		e.setHash(t, "ren4", "c:1=1", 1_000)
+		rep := e.run(t, scripts.LockRenew, []string{"ren-gone", "ren4"}, strconv.Itoa(renewed), "c:1", "c:1")
+		wantReply(t, "lock_renew", rep, "[0 1]")
+		if n := e.doInt(t, "EXISTS", "ren-gone"); n != 0 {
+			t.Error("renewal created a lock")
+		}
+		e.wantPTTL(t, "ren4", renewed)
+	})
+}
+
+// ---- lock_handoff ----
+
+func TestLockHandoff(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	const (
+		from = "c:1"
+		to   = "c:2"
+	)
+	cases := []struct {
+		name      string
+		hash      string
+		bound     string // ARGV[5]
+		listeners int    // SUBSCRIBE connections on the unlock channel (the caller's included)
+		want      string
+		wantHash  string
+		wantPTTL  int64 // 0: not checked
+		wantPub   bool
+	}{
+		{name: "not owner", hash: "c:9=1", bound: "0", want: "nil", wantHash: "c:9=1"},
+		{name: "free", bound: "0", want: "nil"},
+		{name: "still held", hash: from + "=2", bound: "0", want: "0", wantHash: from + "=1", wantPTTL: lease},
+		{name: "still held at the bound", hash: from + "=2", bound: "1", listeners: 2,
+			want: "0", wantHash: from + "=1", wantPTTL: lease},
+		{name: "handed off", hash: from + "=1", bound: "0", want: "2", wantHash: to + "=1", wantPTTL: leaseB},
+		{name: "handed off below the bound despite other listeners", hash: from + "=1", bound: "0", listeners: 3,
+			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
+		{name: "bound, another client listens", hash: from + "=1", bound: "1", listeners: 2,
+			want: "1", wantPub: true},
+		{name: "bound, only the caller listens", hash: from + "=1", bound: "1", listeners: 1,
+			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
+		{name: "bound, nobody listens", hash: from + "=1", bound: "1",
+			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			key := fmt.Sprintf("hand%d", i)
+			e.setHash(t, key, tc.hash, 1_000)
+			for range tc.listeners {
+				e.subscribe(t, channel(key))
+			}
+			w := e.watch(t, key)
+			rep := e.run(t, scripts.LockHandoff, []string{key, channel(key)},
+				from, strconv.Itoa(lease), to, strconv.Itoa(leaseB), tc.bound, unlockMsg)
+			wantReply(t, "lock_handoff", rep, tc.want)
+			e.wantHash(t, key, tc.wantHash)
+			if tc.wantPTTL != 0 {
+				e.wantPTTL(t, key, tc.wantPTTL)
+			}
+			if tc.wantPub {
+				w.want(t, channel(key)+"=0")
+			} else {
+				w.want(t)
+			}
+		})
+	}
+}
+
+// ---- the runner ----
+
+func TestRunBatch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	L := strconv.Itoa(lease)
+
+	// check compares results with wants ("nil", "5", "[1 0]", "error" (a Redis error
+	// reply), "reordered" (ErrReordered), or "pttl": an integer in (0, lease]).
+	check := func(t *testing.T, res []scripts.Result, want []string) {
+		t.Helper()
+		if len(res) != len(want) {
+			t.Fatalf("%d results, want %d", len(res), len(want))
+		}
+		for i, r := range res {
+			switch want[i] {
+			case "reordered":
+				if !errors.Is(r.Err, scripts.ErrReordered) {
+					t.Errorf("result %d: err %v, want ErrReordered", i, r.Err)
+				}
+			case "error":
+				if _, ok := rueidis.IsRedisErr(r.Err); !ok {
+					t.Errorf("result %d: err %v, want a Redis error reply", i, r.Err)
+				}
+			case "pttl":
+				if r.Err != nil {
+					t.Errorf("result %d: %v", i, r.Err)
+				} else {
+					wantIntIn(t, fmt.Sprintf("call %d", i), r.Reply, 0, lease)
+				}
+			default:
+				if r.Err != nil {
+					t.Errorf("result %d: %v", i, r.Err)
+				} else {
+					wantReply(t, fmt.Sprintf("call %d", i), r.Reply, want[i])
+				}
+			}
+		}
+	}
+	// mixed returns a batch of different scripts on lock k (and fair lock k+"f"),
+	// whose results depend on running in order, and what they must return.
+	mixed := func(k string) ([]scripts.Call, []string) {
+		f := k + "f"
+		fk := []string{f, "redisson_lock_queue:{" + f + "}", "redisson_lock_timeout:{" + f + "}"}
+		now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+		return []scripts.Call{
+				{ID: scripts.LockAcquire, Keys: []string{k}, Args: []string{L, "c:1"}},
+				{ID: scripts.LockAcquire, Keys: []string{k}, Args: []string{L, "c:1"}},
+				{ID: scripts.LockAcquire, Keys: []string{k}, Args: []string{L, "c:2"}},
+				{ID: scripts.LockRenew, Keys: []string{k, k + "-none"}, Args: []string{L, "c:1", "c:1"}},
+				{ID: scripts.LockAcquire, Keys: []string{k + "-str"}, Args: []string{L, "c:1"}}, // WRONGTYPE
+				{ID: scripts.LockRelease, Keys: []string{k, channel(k)}, Args: []string{unlockMsg, L, "c:2"}},
+				{ID: scripts.LockRelease, Keys: []string{k, channel(k)}, Args: []string{unlockMsg, L, "c:1"}},
+				{ID: scripts.LockRelease, Keys: []string{k, channel(k)}, Args: []string{unlockMsg, L, "c:1"}},
+				{ID: scripts.FairAcquire, Keys: fk, Args: []string{L, "c:1", "5000", now, "0"}},
+				{ID: scripts.FairAcquire, Keys: fk, Args: []string{L, "c:2", "5000", now, "1"}},
+				{ID: scripts.FairRelease, Keys: append(fk, channel(f)), Args: []string{unlockMsg, L, "c:1", now}},
+				{ID: scripts.LockForceRelease, Keys: []string{k, channel(k)}, Args: []string{unlockMsg}},
+			}, []string{
+				"nil", "nil", "pttl", "[1 0]", "error", "nil", "0", "1",
+				"nil", "1", "1", "0",
+			}
+	}
+
+	t.Run("mixed scripts, in order", func(t *testing.T) {
+		e.do(t, "SET", "b1-str", "x")
+		calls, want := mixed("b1")
+		check(t, e.r.RunBatch(ctxT(t), calls), want)
+	})
+	t.Run("empty", func(t *testing.T) {
+		if res := e.r.RunBatch(ctxT(t), nil); len(res) != 0 {
+			t.Errorf("%d results for no calls", len(res))
+		}
+	})
+	t.Run("after SCRIPT FLUSH", func(t *testing.T) {
+		e.do(t, "SET", "b2-str", "x")
+		e.do(t, "SET", "b3-str", "x")
+		e.do(t, "SCRIPT", "FLUSH")
+		if err := e.srv.ResetStats(); err != nil {
+			t.Fatal(err)
+		}
+		calls, want := mixed("b2")
+		check(t, e.r.RunBatch(ctxT(t), calls), want)
+		stats, err := e.srv.CommandStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Every call of the first write met NOSCRIPT: all scripts were loaded in one
+		// write, and the calls went again, in order, by SHA.
+		if stats["eval"] != 0 || stats["script|load"] != int64(scripts.NumScripts) || stats["evalsha"] != 2*int64(len(calls)) {
+			t.Errorf("after SCRIPT FLUSH: %d EVAL, %d SCRIPT LOAD, %d EVALSHA; want 0, %d, %d",
+				stats["eval"], stats["script|load"], stats["evalsha"], scripts.NumScripts, 2*len(calls))
+		}
+		// The scripts are loaded: the next batch goes by SHA alone.
+		if err := e.srv.ResetStats(); err != nil {
+			t.Fatal(err)
+		}
+		calls, want = mixed("b3")
+		check(t, e.r.RunBatch(ctxT(t), calls), want)
+		if stats, err = e.srv.CommandStats(); err != nil {
+			t.Fatal(err)
+		}
+		if stats["eval"] != 0 || stats["evalsha"] != int64(len(calls)) {
+			t.Errorf("second batch: %d EVAL, %d EVALSHA; want 0 and %d", stats["eval"], stats["evalsha"], len(calls))
+		}
+	})
+	t.Run("partial NOSCRIPT", func(t *testing.T) {
+		// Scripts already loaded run by SHA; the others meet NOSCRIPT, every script is
+		// loaded, and those calls go again in order, unless a later call on the same
+		// key already ran: that one (b4c's release, overtaken by b4c's acquire) is not
+		// sent again but answered ErrReordered, so the two never run out of order.
+		e.do(t, "SCRIPT", "FLUSH")
+		e.run(t, scripts.LockAcquire, []string{"b4-warm"}, L, "c:1")
+		e.setHash(t, "b4a", "c:1=1", lease)
+		e.setHash(t, "b4c", "c:3=2", lease)
+		calls := []scripts.Call{
+			{ID: scripts.LockRelease, Keys: []string{"b4a", channel("b4a")}, Args: []string{unlockMsg, L, "c:1"}},
+			{ID: scripts.LockAcquire, Keys: []string{"b4b"}, Args: []string{L, "c:2"}},
+			{ID: scripts.LockRelease, Keys: []string{"b4c", channel("b4c")}, Args: []string{unlockMsg, L, "c:3"}},
+			{ID: scripts.LockAcquire, Keys: []string{"b4c"}, Args: []string{L, "c:4"}},
+			{ID: scripts.LockRenew, Keys: []string{"b4b"}, Args: []string{L, "c:9"}},
+		}
+		if err := e.srv.ResetStats(); err != nil {
+			t.Fatal(err)
+		}
+		res := e.r.RunBatch(ctxT(t), calls)
+		check(t, res, []string{"1", "nil", "reordered", "pttl", "[0]"})
+		stats, err := e.srv.CommandStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if stats["eval"] != 0 || stats["script|load"] != int64(scripts.NumScripts) {
+			t.Errorf("%d EVAL, %d SCRIPT LOAD; want 0 and %d", stats["eval"], stats["script|load"], scripts.NumScripts)
+		}
+		e.wantHash(t, "b4a", "")
+		e.wantHash(t, "b4b", "c:2=1")
+		e.wantHash(t, "b4c", "c:3=2") // the release did not run after the acquire
+	})
+	t.Run("Run after SCRIPT FLUSH", func(t *testing.T) {
+		wantReply(t, "lock_acquire", e.run(t, scripts.LockAcquire, []string{"b5"}, L, "c:1"), "nil")
+		e.do(t, "SCRIPT", "FLUSH")
+		wantReply(t, "lock_release", e.run(t, scripts.LockRelease, []string{"b5", channel("b5")}, unlockMsg, L, "c:1"), "1")
+		e.do(t, "SCRIPT", "FLUSH")
+		wantReply(t, "lock_renew", e.run(t, scripts.LockRenew, []string{"b5"}, L, "c:1"), "[0]")
+	})
+	t.Run("Run error reply", func(t *testing.T) {
+		e.do(t, "SET", "b6", "x")
+		_, err := e.r.Run(ctxT(t), scripts.LockAcquire, []string{"b6"}, []string{L, "c:1"})
+		if _, ok := rueidis.IsRedisErr(err); !ok {
+			t.Errorf("lock_acquire on a string key: err %v, want a Redis error reply", err)
+		}
+		var re *rueidis.RedisError
+		if !errors.As(err, &re) {
+			t.Errorf("err %T is not a *rueidis.RedisError", err)
+		}
+	})
+}
