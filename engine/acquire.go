@@ -1,0 +1,422 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/leash-go/leash/futures"
+	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
+)
+
+// Acquiring: a request becomes a waiter, queues FIFO, and the head attempts when
+// the lock may be free (an unlock message, its retry timer, a subscription).
+
+func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
+	if m.closing {
+		m.complete(msg.future, msg.stop, WrapError(msg.lock, ErrClosed))
+		return
+	}
+	if err := msg.ctx.Err(); err != nil {
+		m.complete(msg.future, msg.stop, err)
+		return
+	}
+	l := m.lockFor(msg.lock, msg.fair)
+	if (l.fair != nil) != msg.fair {
+		m.complete(msg.future, msg.stop, WrapError(msg.lock, errKindMismatch))
+		m.maybeForget(l)
+		return
+	}
+	w := &waiter{
+		id:     msg.id,
+		lock:   l,
+		owner:  msg.owner,
+		lease:  msg.lease,
+		ctx:    msg.ctx,
+		stop:   msg.stop,
+		future: msg.future,
+	}
+	if msg.wait > 0 {
+		w.deadline = now.Add(msg.wait)
+		m.schedule(timer.Key{Kind: kindWait, ID: w.id}, msg.wait)
+	}
+	m.waiters[w.id] = w
+	m.stats.Acquires++
+
+	// A holder re-entering, and a single try (wait 0, as sync.Mutex.TryLock), go
+	// straight to Redis: queueing a holder behind waiters that wait for it would
+	// deadlock, and a single try has nothing to wait for.
+	if m.holds[holdKey{l.id, w.owner}] != nil || msg.wait == 0 {
+		w.oneShot = msg.wait == 0
+		w.direct = true
+		m.attempt(w, now)
+		return
+	}
+	l.queue.push(w)
+	m.advance(l, now)
+}
+
+// advance starts the head's attempt when nothing is in flight and the lock may be
+// free. When this process holds the lock itself, the head waits: the holder's
+// Unlock hands over, and the retry timer covers a holder whose lease runs out.
+func (m *machine) advance(l *lockState, now time.Time) {
+	m.pruneCancelled(l)
+	if l.backingOff {
+		return
+	}
+	if l.fair != nil {
+		m.fairAdvance(l, now)
+		return
+	}
+	if l.attempting != nil || l.queue.head == nil || m.closing {
+		return
+	}
+	if l.wakePending {
+		m.startAttempt(l, now)
+		return
+	}
+	if l.parked {
+		return
+	}
+	if len(l.holders) > 0 {
+		m.park(l, m.localHoldTTL(l, now), now)
+		return
+	}
+	m.startAttempt(l, now)
+}
+
+// mayBeFree records that the lock may have become free (a local hold ended without
+// a release message, a force-release): a parked head retries.
+func (m *machine) mayBeFree(l *lockState) { l.parked = false }
+
+// pruneCancelled answers queued waiters at the front whose context has already
+// ended, before their cancellation message arrives: handing the lock to one of them
+// would only cost a grant and a release.
+func (m *machine) pruneCancelled(l *lockState) {
+	for w := l.queue.head; w != nil && !w.attempting; w = l.queue.head {
+		err := w.ctx.Err()
+		if err == nil {
+			return
+		}
+		m.finish(w, err)
+	}
+}
+
+func (m *machine) startAttempt(l *lockState, now time.Time) {
+	w := l.queue.head
+	l.attempting = w
+	l.wakePending = false
+	l.parked = false
+	m.attempt(w, now)
+}
+
+func (m *machine) attempt(w *waiter, now time.Time) {
+	w.attempting = true
+	m.stats.Attempts++
+	if w.lock.fair != nil {
+		m.fairAttempt(w, now)
+		return
+	}
+	m.run(scriptCall{
+		script:  scripts.LockAcquire,
+		keys:    []string{w.lock.name},
+		args:    []string{millis(m.leaseOf(w.lease)), ownerField(m.cfg.clientID, w.owner)},
+		purpose: purposeAttempt,
+		lock:    w.lock.id,
+		waiter:  w.id,
+	})
+}
+
+func (m *machine) leaseOf(lease time.Duration) time.Duration {
+	if lease > 0 {
+		return lease
+	}
+	return m.cfg.watchdog
+}
+
+// park makes sure a lock with waiters hears about releases: its channel subscribed,
+// and a retry timer armed for when the holder's lease could run out (a holder that
+// dies publishes nothing).
+func (m *machine) park(l *lockState, ttl time.Duration, now time.Time) {
+	l.parked = true
+	m.subscribe(l)
+	if w := l.queue.head; w != nil && !w.deadline.IsZero() {
+		ttl = min(ttl, w.deadline.Sub(now))
+	}
+	m.armRetry(l, ttl)
+}
+
+func (m *machine) armRetry(l *lockState, d time.Duration) {
+	if l.retryGen != 0 {
+		m.cancelTimer(timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen})
+	}
+	m.nextID++
+	l.retryGen = m.nextID
+	m.schedule(timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen}, d)
+}
+
+func (m *machine) disarmRetry(l *lockState) {
+	if l.retryGen != 0 {
+		m.cancelTimer(timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen})
+		l.retryGen = 0
+	}
+}
+
+// localHoldTTL is how long until the earliest local hold of l could expire.
+func (m *machine) localHoldTTL(l *lockState, now time.Time) time.Duration {
+	ttl := m.cfg.watchdog
+	for _, h := range m.holdsOf(l) {
+		ttl = min(ttl, h.expiresAt.Sub(now))
+	}
+	return max(ttl, 0)
+}
+
+// onAttemptDone reads an acquire reply: nil = held, an integer = the lock's PTTL.
+func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
+	l := m.lockByID[d.call.lock]
+	w := m.waiters[d.call.waiter]
+	if l != nil && l.attempting != nil && l.attempting.id == d.call.waiter {
+		l.attempting = nil
+	}
+	granted := d.err == nil && d.reply.Nil
+	if w == nil {
+		// The waiter is gone (cancelled, closed): give back what the script granted.
+		if granted && l != nil {
+			m.abandon(l, d.call.args[1], 1)
+		}
+		if l != nil {
+			m.advance(l, now)
+			m.maybeForget(l)
+		}
+		return
+	}
+	w.attempting = false
+	switch {
+	case granted:
+		l.chain = 0 // a normal acquisition ends any chain of local handoffs
+		m.grant(w, d.sentAt, now)
+	case d.err != nil:
+		m.attemptFailed(w, d.err, now)
+	case l.fair != nil:
+		m.fairRefused(w, time.Duration(d.reply.Int)*time.Millisecond, now)
+	default:
+		m.attemptRefused(w, time.Duration(d.reply.Int)*time.Millisecond, now)
+	}
+	m.advance(l, now)
+	m.maybeForget(l)
+}
+
+func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
+	l := w.lock
+	if isRedisError(err) || w.oneShot || w.expired || w.cancelErr != nil || m.closing {
+		// A Redis error reply (wrong type, script error, no auth) will not go away by
+		// retrying; a waiter out of time or cancelled gets its answer now.
+		if w.cancelErr != nil {
+			err = w.cancelErr
+		}
+		m.finish(w, err)
+		return
+	}
+	// A transport error: the server may come back. Keep the waiter, retry with backoff.
+	w.lastErr = err
+	if w.direct {
+		// A re-entering holder must not queue behind waiters that wait for it.
+		w.direct = false
+		l.queue.pushFront(w)
+	}
+	l.backoff = min(max(2*l.backoff, minBackoff), maxBackoff)
+	l.backingOff = true
+	m.armRetry(l, l.backoff)
+}
+
+func (m *machine) attemptRefused(w *waiter, ttl time.Duration, now time.Time) {
+	l := w.lock
+	l.backoff = 0
+	l.backingOff = false
+	switch {
+	case w.cancelErr != nil:
+		m.finish(w, w.cancelErr)
+		return
+	case w.oneShot || w.expired:
+		m.finish(w, ErrNotAcquired)
+		return
+	}
+	if w.direct {
+		// A holder re-entering was refused: its hold is gone on the server. It waits
+		// like anyone else now.
+		w.direct = false
+		l.queue.push(w)
+	}
+	if l.queue.head != w {
+		return
+	}
+	if l.wakePending {
+		return // advance retries at once
+	}
+	switch {
+	case ttl == -2*time.Millisecond: // the key vanished between the checks: advance retries at once
+		m.subscribe(l)
+		return
+	case ttl < 0: // exists without an expiry
+		ttl = noTTLRetry
+	}
+	m.park(l, ttl, now)
+}
+
+// grant records a hold for w and completes its future.
+func (m *machine) grant(w *waiter, sentAt, now time.Time) {
+	l := w.lock
+	l.wakePending = false
+	if w.inQueue() {
+		l.queue.remove(w)
+	}
+	delete(m.waiters, w.id)
+	m.cancelWait(w)
+	w.enqueued = false // the script took it out of the Redis queue
+	if w.retryGen != 0 {
+		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
+	}
+	h := m.addHold(l, w.owner, w.lease, sentAt, now)
+	m.stats.Grants++
+
+	err := w.cancelErr
+	if err == nil {
+		err = w.ctx.Err()
+	}
+	if err != nil {
+		// The caller's context ended before the grant: it gets the context's error,
+		// and the grant goes back at once.
+		if w.stop != nil {
+			w.stop()
+		}
+		w.future.Complete(WrapError(l.name, err))
+		m.releaseOne(h)
+		return
+	}
+	w.future.Complete(nil)
+	if w.stop != nil {
+		// The caller may still walk away without receiving (a select that took
+		// another case, then cancelled): keep watching its context until the hold
+		// ends, and take the grant back if it is still unreceived then.
+		m.pruneReceipts(h)
+		r := &receipt{id: w.id, future: w.future, stop: w.stop, hold: h.id}
+		m.receipts[r.id] = r
+		h.receipts = append(h.receipts, r.id)
+	}
+	switch {
+	case l.queue.len == 0:
+		m.queueEmptied(l)
+	case l.fair == nil:
+		m.park(l, m.leaseOf(w.lease), now)
+	}
+}
+
+// queueEmptied: the lock's last local waiter is gone. Nothing needs its retry timer
+// now, and its subscription lingers briefly, then goes.
+func (m *machine) queueEmptied(l *lockState) {
+	l.backingOff = false // the back-off belonged to a waiter that is gone
+	l.parked = false
+	l.wakePending = false
+	m.disarmRetry(l)
+	m.lingerOrUnsubscribe(l)
+}
+
+// finish completes a waiter that did not get the lock.
+func (m *machine) finish(w *waiter, err error) {
+	l := w.lock
+	if w.inQueue() {
+		l.queue.remove(w)
+	}
+	delete(m.waiters, w.id)
+	m.cancelWait(w)
+	if w.enqueued {
+		m.fairLeave(w)
+	}
+	if w.stop != nil {
+		w.stop()
+	}
+	if err == ErrNotAcquired && w.lastErr != nil {
+		err = w.lastErr
+	}
+	w.future.Complete(WrapError(l.name, err))
+	if l.queue.len == 0 {
+		m.queueEmptied(l)
+	}
+}
+
+func (m *machine) cancelWait(w *waiter) {
+	if !w.deadline.IsZero() {
+		m.cancelTimer(timer.Key{Kind: kindWait, ID: w.id})
+	}
+}
+
+// complete answers a request that never became a waiter.
+func (m *machine) complete(f *futures.Future[error], stop func() bool, err error) {
+	if stop != nil {
+		stop()
+	}
+	f.Complete(err)
+}
+
+// onCancel: a waiter's context ended. A waiter still queued leaves at once; one
+// whose attempt is in flight is answered when the reply comes; a grant already sent
+// is taken back if nobody received it.
+func (m *machine) onCancel(msg cancelMsg, now time.Time) {
+	if w := m.waiters[msg.id]; w != nil {
+		if w.attempting {
+			w.cancelErr = msg.err
+			return
+		}
+		l := w.lock
+		m.finish(w, msg.err)
+		m.advance(l, now)
+		m.maybeForget(l)
+		return
+	}
+	r := m.receipts[msg.id]
+	if r == nil {
+		return
+	}
+	delete(m.receipts, msg.id)
+	h := m.holdByID[r.hold]
+	if _, revoked := r.future.Revoke(msg.err); revoked && h != nil {
+		m.stats.Revoked++
+		m.releaseOne(h)
+	}
+}
+
+// onUnlockNotice: one unlock message is one permit for the head waiter to retry.
+func (m *machine) onUnlockNotice(channel string, now time.Time) {
+	l := m.lockByChannel[channel]
+	if l == nil {
+		m.fairNotice(channel, now)
+		return
+	}
+	if l.queue.head == nil || l.fair != nil {
+		return
+	}
+	m.stats.Notices++
+	if l.attempting != nil {
+		l.wakePending = true
+		return
+	}
+	m.startAttempt(l, now)
+}
+
+// onResubscribed: messages may have been lost while the pub/sub connection was
+// down, so the head waiter of every lock with waiters retries.
+func (m *machine) onResubscribed(now time.Time) {
+	for _, l := range m.locks {
+		if l.queue.head == nil {
+			continue
+		}
+		if l.fair != nil {
+			m.fairWakeFirst(l, now)
+			continue
+		}
+		if l.attempting != nil {
+			l.wakePending = true
+			continue
+		}
+		m.startAttempt(l, now)
+	}
+}

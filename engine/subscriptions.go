@@ -1,0 +1,95 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/leash-go/leash/timer"
+)
+
+// A lock's subscription: its unlock channel (or, for a fair lock, the pattern of
+// this client's per-waiter channels) is subscribed while it has local waiters, and
+// kept for cfg.linger after the last one leaves.
+
+func (m *machine) subscribe(l *lockState) {
+	switch l.sub {
+	case subNone:
+		l.sub = subSubscribing
+		m.stats.Subscribes++
+		m.fx.subs = append(m.fx.subs, m.subOp(l, false))
+	case subSubscribed:
+		if l.lingerGen != 0 {
+			m.cancelTimer(timer.Key{Kind: kindLinger, ID: l.id, Gen: l.lingerGen})
+			l.lingerGen = 0
+		}
+	case subUnsubscribing:
+		l.resubAfter = true
+	}
+}
+
+func (m *machine) onSubscribed(msg subscribeDone, now time.Time) {
+	l := m.lockByID[msg.lock]
+	if l == nil {
+		return
+	}
+	l.sub = subSubscribed
+	if l.queue.len == 0 {
+		m.lingerOrUnsubscribe(l)
+		return
+	}
+	// A release between the refused attempt and the subscription went unheard:
+	// retry once now that messages will arrive.
+	switch {
+	case l.fair != nil:
+		m.fairWakeFirst(l, now)
+	case l.attempting != nil:
+		l.wakePending = true
+	default:
+		m.startAttempt(l, now)
+	}
+}
+
+// lingerOrUnsubscribe keeps an idle lock's subscription for cfg.linger, so a lock
+// that is busy on and off does not pay a subscribe and an unsubscribe each time.
+func (m *machine) lingerOrUnsubscribe(l *lockState) {
+	if l.sub != subSubscribed || l.queue.len > 0 {
+		return
+	}
+	if m.closing || m.cfg.linger <= 0 {
+		m.unsubscribe(l)
+		return
+	}
+	if l.lingerGen == 0 {
+		m.nextID++
+		l.lingerGen = m.nextID
+		m.schedule(timer.Key{Kind: kindLinger, ID: l.id, Gen: l.lingerGen}, m.cfg.linger)
+	}
+}
+
+func (m *machine) unsubscribe(l *lockState) {
+	l.sub = subUnsubscribing
+	l.lingerGen = 0
+	m.fx.subs = append(m.fx.subs, m.subOp(l, true))
+}
+
+// subOp names what a lock listens on: its unlock channel, or for a fair lock the
+// pattern of this client's per-waiter channels.
+func (m *machine) subOp(l *lockState, unsubscribe bool) subOp {
+	if l.fair != nil {
+		return subOp{lock: l.id, channel: l.fair.pattern, pattern: true, unsubscribe: unsubscribe}
+	}
+	return subOp{lock: l.id, channel: l.channel, unsubscribe: unsubscribe}
+}
+
+func (m *machine) onUnsubscribed(msg unsubscribeDone, now time.Time) {
+	l := m.lockByID[msg.lock]
+	if l == nil {
+		return
+	}
+	l.sub = subNone
+	if (l.resubAfter || l.queue.len > 0) && !m.closing {
+		l.resubAfter = false
+		m.subscribe(l)
+		return
+	}
+	m.maybeForget(l)
+}

@@ -1,0 +1,112 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
+)
+
+// The watchdog: batched renewals of the holds without an explicit lease, and the
+// lease deadline of every hold, after which its Lost signal closes.
+
+// expiryMargin is how long before expiresAt a hold is declared lost, so Lost closes
+// before the lease could have run out on the server even if the wheel fires late:
+// 2% of the lease, at least 2 ms and at most 500 ms.
+func expiryMargin(lease time.Duration) time.Duration {
+	return min(max(lease/50, 2*time.Millisecond), 500*time.Millisecond)
+}
+
+// armSweep arms the watchdog sweep while any hold is renewed by it. One wheel entry
+// serves every hold: the sweep runs four times per renewal period and renews, in
+// batches of renewBatch per script call, every hold due within the next quarter
+// period. Holds acquired at different times thus fall into shared rounds, so N held
+// locks cost about N/renewBatch calls per period, with no timer per hold.
+func (m *machine) armSweep() {
+	if m.sweepArmed || m.watchdogHolds == 0 || m.closing {
+		return
+	}
+	m.sweepArmed = true
+	m.schedule(timer.Key{Kind: kindSweep}, m.sweepInterval())
+}
+
+func (m *machine) sweepInterval() time.Duration { return m.cfg.watchdog / 12 }
+
+func (m *machine) onSweep(now time.Time) {
+	m.sweepArmed = false
+	horizon := now.Add(m.sweepInterval())
+	var batch []*hold
+	for _, h := range m.holdByID {
+		if h.lease != 0 || h.renewing || h.nextRenew.After(horizon) {
+			continue
+		}
+		batch = append(batch, h)
+		if len(batch) == renewBatch {
+			m.renew(batch)
+			batch = batch[:0]
+		}
+	}
+	if len(batch) > 0 {
+		m.renew(batch)
+	}
+	m.armSweep()
+}
+
+func (m *machine) renew(batch []*hold) {
+	keys := make([]string, len(batch))
+	args := make([]string, 1, len(batch)+1)
+	ids := make([]uint64, len(batch))
+	args[0] = millis(m.cfg.watchdog)
+	for i, h := range batch {
+		h.renewing = true
+		keys[i] = h.lock.name
+		args = append(args, h.field)
+		ids[i] = h.id
+	}
+	m.stats.Renewals += uint64(len(batch))
+	m.run(scriptCall{script: scripts.LockRenew, keys: keys, args: args, purpose: purposeRenew, batch: ids})
+}
+
+func (m *machine) onRenewDone(d scriptDone, now time.Time) {
+	for i, id := range d.call.batch {
+		h := m.holdByID[id]
+		if h == nil {
+			continue
+		}
+		h.renewing = false
+		if d.err != nil || h.lease != 0 {
+			continue // the next sweep retries; the expiry entry guards the deadline
+		}
+		if i < len(d.reply.Ints) && d.reply.Ints[i] == 1 {
+			h.expiresAt = d.sentAt.Add(m.cfg.watchdog)
+			h.nextRenew = d.sentAt.Add(m.cfg.watchdog / 3)
+			m.armExpiry(h, now)
+			continue
+		}
+		l := h.lock
+		m.loseHold(h, false)
+		m.advance(l, now)
+		m.maybeForget(l)
+	}
+}
+
+func (m *machine) armExpiry(h *hold, now time.Time) {
+	d := h.expiresAt.Add(-expiryMargin(m.leaseOf(h.lease))).Sub(now)
+	m.schedule(timer.Key{Kind: kindExpiry, ID: h.id}, d)
+}
+
+func (m *machine) onExpiry(id uint64, now time.Time) {
+	h := m.holdByID[id]
+	if h == nil {
+		return
+	}
+	deadline := h.expiresAt.Add(-expiryMargin(m.leaseOf(h.lease)))
+	if left := deadline.Sub(now); left > timer.Tick {
+		m.schedule(timer.Key{Kind: kindExpiry, ID: id}, left) // early, or renewed since
+		return
+	}
+	l := h.lock
+	m.loseHold(h, true)
+	m.advance(l, now)
+	m.maybeForget(l)
+}
