@@ -26,6 +26,11 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 		m.maybeForget(l)
 		return
 	}
+	key := holdKey{l.id, msg.owner}
+	direct := m.holds[key] != nil || msg.wait == 0
+	if direct && m.deferIfBusy(key, msg) {
+		return
+	}
 	w := &waiter{
 		id:     msg.id,
 		lock:   l,
@@ -45,9 +50,10 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 	// A holder re-entering, and a single try (wait 0, as sync.Mutex.TryLock), go
 	// straight to Redis: queueing a holder behind waiters that wait for it would
 	// deadlock, and a single try has nothing to wait for.
-	if m.holds[holdKey{l.id, w.owner}] != nil || msg.wait == 0 {
+	if direct {
 		w.oneShot = msg.wait == 0
 		w.direct = true
+		m.markBusy(key)
 		m.attempt(w, now)
 		return
 	}
@@ -85,8 +91,16 @@ func (m *machine) advance(l *lockState, now time.Time) {
 }
 
 // mayBeFree records that the lock may have become free (a local hold ended without
-// a release message, a force-release): a parked head retries.
-func (m *machine) mayBeFree(l *lockState) { l.parked = false }
+// a release message, a force-release): a parked head retries; for a fair lock, the
+// first local waiter in the Redis queue.
+func (m *machine) mayBeFree(l *lockState) {
+	l.parked = false
+	if l.fair != nil {
+		if w := l.queue.head; w != nil && w.enqueued {
+			w.wake = true
+		}
+	}
+}
 
 // pruneCancelled answers queued waiters at the front whose context has already
 // ended, before their cancellation message arrives: handing the lock to one of them
@@ -123,6 +137,8 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 		purpose: purposeAttempt,
 		lock:    w.lock.id,
 		waiter:  w.id,
+		owner:   w.owner,
+		serial:  w.direct,
 	})
 }
 
@@ -210,6 +226,9 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	if isRedisError(err) || w.oneShot || w.expired || w.cancelErr != nil || m.closing {
 		// A Redis error reply (wrong type, script error, no auth) will not go away by
 		// retrying; a waiter out of time or cancelled gets its answer now.
+		if !isRedisError(err) {
+			m.undoAmbiguous(w)
+		}
 		if w.cancelErr != nil {
 			err = w.cancelErr
 		}
@@ -218,6 +237,9 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	}
 	// A transport error: the server may come back. Keep the waiter, retry with backoff.
 	w.lastErr = err
+	if l.fair != nil {
+		w.wake = true // its own retry timer was spent on this attempt
+	}
 	if w.direct {
 		// A re-entering holder must not queue behind waiters that wait for it.
 		w.direct = false
@@ -241,9 +263,11 @@ func (m *machine) attemptRefused(w *waiter, ttl time.Duration, now time.Time) {
 		return
 	}
 	if w.direct {
-		// A holder re-entering was refused: its hold is gone on the server. It waits
-		// like anyone else now.
+		// A holder re-entering was refused: its hold is gone on the server (expired,
+		// deleted, force-released elsewhere), so the hold is lost, and the waiter
+		// waits like anyone else now.
 		w.direct = false
+		m.loseStaleHold(l, w.owner)
 		l.queue.push(w)
 	}
 	if l.queue.head != w {
@@ -290,6 +314,9 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 		}
 		w.future.Complete(WrapError(l.name, err))
 		m.releaseOne(h)
+		if l.queue.len == 0 {
+			m.queueEmptied(l)
+		}
 		return
 	}
 	w.future.Complete(nil)
@@ -307,6 +334,30 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 		m.queueEmptied(l)
 	case l.fair == nil:
 		m.park(l, m.leaseOf(w.lease), now)
+	}
+}
+
+// undoAmbiguous follows an acquire that failed with a transport error, and that the
+// waiter gives up on, with an owner-guarded cleanup: the script may have run before
+// the connection failed, granting the lock (or, for a fair lock, queueing the owner)
+// with nobody to know it. Both cleanups do nothing if it did not run. An owner that
+// holds the lock already is left alone: a surplus count is released at its last
+// Unlock (see dropSurplus).
+func (m *machine) undoAmbiguous(w *waiter) {
+	l := w.lock
+	if m.holds[holdKey{l.id, w.owner}] != nil {
+		return
+	}
+	m.abandon(l, ownerField(m.cfg.clientID, w.owner), 0)
+	if l.fair != nil && !w.oneShot {
+		w.enqueued = true // finish sends the leave
+	}
+}
+
+// loseStaleHold ends the owner's local hold after Redis showed it is gone.
+func (m *machine) loseStaleHold(l *lockState, owner uint64) {
+	if h := m.holds[holdKey{l.id, owner}]; h != nil {
+		m.loseHold(h, false)
 	}
 }
 

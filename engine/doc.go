@@ -10,9 +10,10 @@
 //     starting no goroutine, and appending effects (scripts to run, futures to
 //     complete, timers to arm, channels to subscribe) to an effects list;
 //   - Engine (engine.go) is the thin loop: it receives messages, calls the machine,
-//     and carries out the effects. Redis I/O never runs on the loop goroutine: each
-//     script call runs on a short-lived goroutine, and rueidis's auto-pipelining
-//     batches concurrent calls into few round trips. Replies, timer firings, unlock
+//     and carries out the effects. Redis I/O never runs on the loop goroutine: the
+//     script calls of one step run on one short-lived goroutine (one pipelined
+//     write), and rueidis's auto-pipelining batches concurrent goroutines' calls
+//     into few round trips. Replies, timer firings, unlock
 //     messages and cancellations come back through a mailbox that never blocks its
 //     sender, so the loop never waits on anyone and nobody waits on the loop for
 //     long.

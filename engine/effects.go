@@ -46,7 +46,8 @@ type scriptCall struct {
 	lock    uint64   // lock id
 	waiter  uint64   // purposeAttempt, purposeHandoff
 	hold    uint64   // purposeUnlock, purposeHandoff
-	owner   uint64   // purposeLeave
+	owner   uint64   // purposeLeave; and with serial, the owner whose call this is
+	serial  bool     // one of the owner's serialized calls (see serial.go)
 	batch   []uint64 // purposeRenew: hold ids, in KEYS order
 	retried bool     // this is the one retry after a transport error (releases, leaves)
 	unlock  *futures.Future[error]

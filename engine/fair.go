@@ -102,6 +102,8 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 		purpose: purposeAttempt,
 		lock:    l.id,
 		waiter:  w.id,
+		owner:   w.owner,
+		serial:  w.direct,
 	})
 }
 
@@ -151,6 +153,7 @@ func (m *machine) fairRefused(w *waiter, ttl time.Duration, now time.Time) {
 	}
 	if w.direct {
 		w.direct = false
+		m.loseStaleHold(l, w.owner)
 		l.queue.push(w)
 	}
 	m.subscribe(l)

@@ -9,6 +9,10 @@ import (
 	"github.com/leash-go/leash/timer"
 )
 
+// maxLostHolds bounds machine.lostHolds: handles that lost a hold and are never used
+// again would otherwise keep their entry for the life of the client.
+const maxLostHolds = 4096
+
 // holdKey names an owner's hold on one lock.
 type holdKey struct{ lock, owner uint64 }
 
@@ -30,6 +34,7 @@ type hold struct {
 	// server received the call after it was sent, so its expiry is no earlier.
 	expiresAt time.Time
 	nextRenew time.Time // watchdog holds: when the next renewal is due
+	grantedAt time.Time // send time of the latest grant
 	renewing  bool      // a renewal of this hold is in flight
 
 	lost     *futures.Signal
@@ -43,6 +48,7 @@ func (m *machine) addHold(l *lockState, owner uint64, lease time.Duration, sentA
 	key := holdKey{l.id, owner}
 	h := m.holds[key]
 	if h == nil {
+		delete(m.lostHolds, key)
 		m.nextID++
 		h = &hold{id: m.nextID, lock: l, owner: owner, field: ownerField(m.cfg.clientID, owner), lease: -1, lost: futures.NewSignal()}
 		m.holds[key] = h
@@ -50,6 +56,7 @@ func (m *machine) addHold(l *lockState, owner uint64, lease time.Duration, sentA
 		l.holders = append(l.holders, h)
 	}
 	h.count++
+	h.grantedAt = sentAt
 	// The acquire script re-applied the expiry with this call's lease, so the hold
 	// now follows it: an explicit lease, or the watchdog.
 	if h.lease != 0 && lease == 0 {
@@ -73,6 +80,10 @@ func (m *machine) addHold(l *lockState, owner uint64, lease time.Duration, sentA
 func (m *machine) loseHold(h *hold, release bool) {
 	m.mayBeFree(h.lock)
 	h.lost.Fire()
+	if len(m.lostHolds) >= maxLostHolds {
+		clear(m.lostHolds) // only an error's detail is lost: Unlock says ErrNotHeld then
+	}
+	m.lostHolds[holdKey{h.lock.id, h.owner}] = struct{}{}
 	if release {
 		m.abandon(h.lock, h.field, 0)
 	}

@@ -45,6 +45,8 @@ type machine struct {
 	waiters       map[uint64]*waiter  // waiters not yet completed, by id
 	receipts      map[uint64]*receipt // grants whose context is still watched, by waiter id
 	holds         map[holdKey]*hold
+	serial        map[holdKey]*ownerCalls // owners with a direct acquire or a release in flight
+	lostHolds     map[holdKey]struct{}    // owners whose last hold was lost, until they Unlock or hold again
 	holdByID      map[uint64]*hold
 
 	nextID        uint64 // ids of locks and holds
@@ -65,6 +67,8 @@ func newMachine(cfg config) *machine {
 		waiters:       make(map[uint64]*waiter),
 		receipts:      make(map[uint64]*receipt),
 		holds:         make(map[holdKey]*hold),
+		serial:        make(map[holdKey]*ownerCalls),
+		lostHolds:     make(map[holdKey]struct{}),
 		holdByID:      make(map[uint64]*hold),
 	}
 }
@@ -119,8 +123,9 @@ type lockState struct {
 	// head must retry once more if it failed.
 	wakePending bool
 	// parked: the head was refused (or this process holds the lock) and waits for
-	// an unlock message or its retry timer; nothing else makes it retry, so a
-	// waiting lock costs no Redis calls at all.
+	// something that says the lock may be free: an unlock message, its retry
+	// timer, a (re)subscription, a local hold ending. Nothing else makes it retry,
+	// so a waiting lock costs no Redis calls.
 	parked   bool
 	inflight int // script calls in flight that name this lock
 	// leaving counts fair_leave calls in flight per owner (fair locks only).
@@ -260,6 +265,12 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		l.inflight--
 	}
 	switch d.call.purpose {
+	case purposeUnlock, purposeAbandon, purposeLeave:
+		if m.retryOnce(d) {
+			return // still in flight: the owner stays busy
+		}
+	}
+	switch d.call.purpose {
 	case purposeAttempt:
 		m.onAttemptDone(d, now)
 	case purposeHandoff:
@@ -267,9 +278,6 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeUnlock:
 		m.onUnlockDone(d, now)
 	case purposeAbandon:
-		if m.retryOnce(d) {
-			return
-		}
 		if l := m.lockByID[d.call.lock]; l != nil {
 			m.maybeForget(l)
 		}
@@ -278,10 +286,10 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeRenew:
 		m.onRenewDone(d, now)
 	case purposeLeave:
-		if m.retryOnce(d) {
-			return
-		}
 		m.onLeaveDone(d, now)
+	}
+	if d.call.serial {
+		m.markIdle(holdKey{d.call.lock, d.call.owner}, now)
 	}
 }
 
@@ -329,6 +337,13 @@ func (m *machine) onClose() {
 		return
 	}
 	m.closing = true
+	for _, q := range m.serial {
+		pending := q.pending
+		q.pending = nil
+		for _, msg := range pending {
+			m.handle(msg, m.now) // answered ErrClosed
+		}
+	}
 	for _, w := range m.waiters {
 		if w.attempting {
 			w.cancelErr = ErrClosed

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"time"
 
 	"github.com/leash-go/leash/futures"
@@ -17,12 +18,24 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	var h *hold
 	l := m.locks[msg.lock]
 	if l != nil {
-		h = m.holds[holdKey{l.id, msg.owner}]
+		key := holdKey{l.id, msg.owner}
+		if m.deferIfBusy(key, msg) {
+			return
+		}
+		h = m.holds[key]
 	}
 	if h == nil {
-		msg.future.Complete(ErrNotHeld)
+		err := ErrNotHeld
+		if l != nil {
+			if _, lost := m.lostHolds[holdKey{l.id, msg.owner}]; lost {
+				delete(m.lostHolds, holdKey{l.id, msg.owner})
+				err = errHoldLost
+			}
+		}
+		msg.future.Complete(err)
 		return
 	}
+	m.markBusy(holdKey{l.id, msg.owner})
 	if w := m.handoffTarget(l, h, now); w != nil {
 		m.handoff(l, h, w, msg.future, now)
 		return
@@ -36,6 +49,8 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 			lock:    l.id,
 			hold:    h.id,
 			unlock:  msg.future,
+			owner:   h.owner,
+			serial:  true,
 		})
 		return
 	}
@@ -47,6 +62,8 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		lock:    l.id,
 		hold:    h.id,
 		unlock:  msg.future,
+		owner:   h.owner,
+		serial:  true,
 	})
 }
 
@@ -105,6 +122,8 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 			waiter:  w.id,
 			hold:    h.id,
 			unlock:  future,
+			owner:   h.owner,
+			serial:  true,
 		})
 		return
 	}
@@ -117,6 +136,8 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 		waiter:  w.id,
 		hold:    h.id,
 		unlock:  future,
+		owner:   h.owner,
+		serial:  true,
 	})
 }
 
@@ -137,10 +158,7 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 		}
 		d.call.unlock.Complete(nil)
 	case d.reply.Nil: // the owner's field is gone: the lease ran out, or a force-release
-		if h != nil {
-			m.loseHold(h, false)
-		}
-		d.call.unlock.Complete(ErrNotHeld)
+		d.call.unlock.Complete(m.unlockFoundLost(h))
 	case d.reply.Int == 0: // still held, one count less
 		if h != nil && h.count > 1 {
 			h.count--
@@ -200,10 +218,7 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		d.call.unlock.Complete(nil)
 		m.handoffRefused(w)
 	case d.reply.Nil: // the releasing owner had lost the lock: the waiter retries normally
-		if h != nil {
-			m.loseHold(h, false)
-		}
-		d.call.unlock.Complete(ErrNotHeld)
+		d.call.unlock.Complete(m.unlockFoundLost(h))
 		m.handoffRefused(w)
 	default: // the releasing owner still holds it
 		if h != nil && h.count > 1 {
@@ -270,8 +285,12 @@ func (m *machine) onForceDone(d scriptDone, now time.Time) {
 		d.call.force.Complete(forceResult{err: d.err})
 	} else {
 		if l != nil {
-			for len(l.holders) > 0 {
-				m.loseHold(l.holders[0], false)
+			// Holds granted after the force-release was sent are not its victims: its
+			// own unlock message may have woken a waiter that got the lock since.
+			for _, h := range slices.Clone(l.holders) {
+				if !h.grantedAt.After(d.sentAt) {
+					m.loseHold(h, false)
+				}
 			}
 		}
 		d.call.force.Complete(forceResult{existed: d.reply.Int == 1})
@@ -290,4 +309,15 @@ func (m *machine) onLost(msg lostMsg) {
 		}
 	}
 	msg.future.Complete(futures.FiredC())
+}
+
+// unlockFoundLost ends a hold whose Unlock found the owner's field gone, and returns
+// the Unlock's answer: ErrNotHeld, and ErrLockLost when a local hold was lost.
+func (m *machine) unlockFoundLost(h *hold) error {
+	if h == nil {
+		return ErrNotHeld
+	}
+	m.loseHold(h, false)
+	delete(m.lostHolds, holdKey{h.lock.id, h.owner}) // answered here
+	return errHoldLost
 }

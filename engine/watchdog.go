@@ -77,6 +77,9 @@ func (m *machine) onRenewDone(d scriptDone, now time.Time) {
 		if d.err != nil || h.lease != 0 {
 			continue // the next sweep retries; the expiry entry guards the deadline
 		}
+		if m.ownerBusy(holdKey{h.lock.id, h.owner}) {
+			continue // an Unlock or re-entry in flight decides; the next sweep renews
+		}
 		if i < len(d.reply.Ints) && d.reply.Ints[i] == 1 {
 			h.expiresAt = d.sentAt.Add(m.cfg.watchdog)
 			h.nextRenew = d.sentAt.Add(m.cfg.watchdog / 3)

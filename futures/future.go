@@ -15,13 +15,6 @@ func New[T any]() *Future[T] {
 	return &Future[T]{ch: make(chan T, 1)}
 }
 
-// Completed returns a future that already carries v.
-func Completed[T any](v T) *Future[T] {
-	f := New[T]()
-	f.Complete(v)
-	return f
-}
-
 // C returns the result channel. It carries exactly one value, sent by the first
 // Complete; it is never closed.
 func (f *Future[T]) C() <-chan T { return f.ch }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 
 	"github.com/leash-go/leash/engine"
 	"github.com/leash-go/leash/internal/scripts"
@@ -21,9 +22,11 @@ type Client struct {
 	ownsRC  bool
 	engine  *engine.Engine
 	pubsub  *pubsub.Registry
-	closeMu sync.Mutex
-	closed  bool
+	closeMu sync.Mutex  // serializes Close calls
+	closed  atomic.Bool // set at the start of Close: later calls fail fast with ErrClosed
 }
+
+var _ engine.Subscriber = (*pubsub.Registry)(nil)
 
 // New connects to Redis and starts the client's engine. It fails fast with
 // ErrInvalidArgument for unusable Options, and with a wrapped connection error when
@@ -49,6 +52,15 @@ func New(opts Options) (*Client, error) {
 			return nil, fmt.Errorf("leash: connect to %v: %w", opts.Addrs, err)
 		}
 		c.ownsRC = true
+	}
+	if c.rc.Mode() == rueidis.ClientModeCluster {
+		// Renewals batch many locks in one script call, which a cluster rejects
+		// unless they share a slot; cluster support (batches grouped by slot,
+		// sharded pub/sub) is its own piece of work.
+		if c.ownsRC {
+			c.rc.Close()
+		}
+		return nil, fmt.Errorf("%w: Redis Cluster is not supported yet (standalone and Sentinel-managed servers are)", ErrInvalidArgument)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), opts.DialTimeout)
 	err = c.rc.Do(ctx, c.rc.B().Ping().Build()).Error()
@@ -125,10 +137,9 @@ func (c *Client) FairMutex(name string) *Mutex {
 func (c *Client) Close() error {
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
-	if c.closed {
+	if c.closed.Swap(true) {
 		return nil
 	}
-	c.closed = true
 	c.engine.Close()
 	c.pubsub.Close()
 	if c.ownsRC {
@@ -146,11 +157,7 @@ func (c *Client) abortIO() {
 	}
 }
 
-func (c *Client) isClosed() bool {
-	c.closeMu.Lock()
-	defer c.closeMu.Unlock()
-	return c.closed
-}
+func (c *Client) isClosed() bool { return c.closed.Load() }
 
 // check validates what every call needs: an open client, a context, a name.
 func (c *Client) check(ctx context.Context, name string) error {

@@ -15,8 +15,10 @@ var (
 	// ErrNotAcquired: the lock was not acquired within the wait given by WithWait.
 	// TryLock reports it as false with a nil error.
 	ErrNotAcquired = engine.ErrNotAcquired
-	// ErrLockLost: the hold ended without an Unlock. Lost() is how a holder learns
-	// it; this error names the cause where a call can return it.
+	// ErrLockLost: the hold ended without an Unlock (its lease ran out, a renewal
+	// found the lock gone or could not succeed in time, a force-release). Lost() is
+	// how a holder learns it at once; an Unlock of such a hold returns an error
+	// matching both ErrLockLost and ErrNotHeld.
 	ErrLockLost = engine.ErrLockLost
 	// ErrInvalidArgument: an empty lock name, a negative duration, a nil context, or
 	// Options that cannot work. Nothing is sent to Redis.

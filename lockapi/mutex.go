@@ -83,8 +83,12 @@ func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, e
 }
 
 // Unlock releases one hold (the hold count goes down by one; at zero the lock is
-// free and one waiter is woken in each process that has waiters). It returns
-// ErrNotHeld when this handle does not hold the lock, or its hold was lost.
+// free, and it goes to the next local waiter or one waiter is woken in each process
+// that has waiters). It returns nil when released; ErrNotHeld when this handle does
+// not hold the lock, or its hold was lost; ctx's error when ctx ends before the
+// answer (the release still goes ahead); ErrClosed; ErrInvalidArgument; or a
+// wrapped Redis error (the release was tried twice and failed: the lock ends with
+// its lease).
 //
 // The release runs under the client's own bounded context even if ctx has already
 // ended, so a dead context never leaves the lock held until its lease runs out; ctx
@@ -98,7 +102,9 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 
 // ForceUnlock deletes the lock whoever holds it, waking its waiters, and reports
 // whether it was held. Holders in this client see their Lost channel close; holders
-// elsewhere find out at their next renewal.
+// elsewhere find out at their next renewal. It returns ctx's error when ctx ends
+// first (the deletion may still happen), ErrClosed, ErrInvalidArgument, or a
+// wrapped Redis error.
 func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
 	if err := m.c.check(ctx, m.name); err != nil {
 		return false, err
@@ -162,7 +168,8 @@ func (m *Mutex) RemainTTL(ctx context.Context) (time.Duration, error) {
 // force-released, or the client closed. It is closed before the lease could have
 // expired on the server. The channel is never sent on. It is already closed when
 // the handle holds nothing; a clean Unlock does not close it. Call Lost after each
-// acquisition: a new hold has a new channel.
+// acquisition: a new hold has a new channel. Lost asks the client's engine, so it
+// waits briefly for it (no Redis call).
 func (m *Mutex) Lost() <-chan struct{} {
 	if m.name == "" || m.c.isClosed() {
 		return futures.FiredC()

@@ -120,11 +120,7 @@ func (r *Registry) subscribe(ctx context.Context, channel topic) error {
 		return ErrClosed
 	}
 	r.channels[channel] = struct{}{}
-	if !r.started {
-		r.started = true
-		r.wg.Add(1)
-		go r.run()
-	}
+	r.startLocked()
 	conn := r.conn
 	if conn == nil {
 		r.mu.Unlock()
@@ -264,6 +260,13 @@ func (r *Registry) serve(backoff *time.Duration) bool {
 			ok = false
 		}
 	}
+	// A channel unsubscribed while the snapshot was on its way may have had its
+	// UNSUBSCRIBE reach the server first: drop it again now.
+	if ok {
+		for _, t := range r.dropped(channels, patterns) {
+			_ = dc.Do(ctx, t.unsubscribe(dc)).Error()
+		}
+	}
 	cancel()
 	if ok {
 		*backoff = minBackoff
@@ -288,6 +291,24 @@ func (r *Registry) serve(backoff *time.Duration) bool {
 	return !closed
 }
 
+// dropped returns the topics of a snapshot that are no longer registered.
+func (r *Registry) dropped(channels, patterns []string) []topic {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []topic
+	for _, name := range channels {
+		if _, ok := r.channels[topic{name: name}]; !ok {
+			out = append(out, topic{name: name})
+		}
+	}
+	for _, name := range patterns {
+		if _, ok := r.channels[topic{name: name, pattern: true}]; !ok {
+			out = append(out, topic{name: name, pattern: true})
+		}
+	}
+	return out
+}
+
 func (r *Registry) onSubscription(s rueidis.PubSubSubscription) {
 	if s.Kind != "subscribe" && s.Kind != "psubscribe" {
 		return
@@ -307,7 +328,14 @@ func (r *Registry) onSubscription(s rueidis.PubSubSubscription) {
 func (r *Registry) Start() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.started || r.closed {
+	if !r.closed {
+		r.startLocked()
+	}
+}
+
+// startLocked starts the connection loop once. r.mu must be held.
+func (r *Registry) startLocked() {
+	if r.started {
 		return
 	}
 	r.started = true

@@ -8,8 +8,9 @@
 -- ARGV[1]  unlock message ("0")
 -- ARGV[2]  owner field
 -- ARGV[3]  how many holds to drop; "0" drops all of them
--- Reply: 1 when the key was deleted and waiters woken, 0 when the owner still holds
---        (fewer holds dropped than it had), -1 when the owner held nothing.
+-- Reply: 1 when the key was deleted and waiters woken; 0 when the key stays (the
+--        owner still holds: fewer holds dropped than it had; or other fields
+--        remain); -1 when the owner held nothing.
 if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
     return -1
 end

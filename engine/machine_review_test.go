@@ -1,0 +1,169 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/leash-go/leash/futures"
+	"github.com/leash-go/leash/internal/scripts"
+)
+
+// One owner's calls run one at a time, so their replies cannot be handled in
+// another order than Redis ran them: an Unlock in flight holds back the same
+// handle's re-entry until its reply is in (and the other way round).
+func TestMachineOwnerCallsAreSerialized(t *testing.T) {
+	t.Run("re-entry waits for the unlock in flight", func(t *testing.T) {
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		rel, unlocked := h.unlockCall(t, "L", 1, scripts.LockRelease)
+		again := h.acquire("L", 1, 0, -1)
+		h.take().none(t) // held back, not sent alongside the release
+		h.reply(rel, replyInt(1), nil)
+		mustGranted(t, "unlock", unlocked)
+		// Now the handle holds nothing: its acquire is an ordinary queued attempt.
+		att := h.take().one(t, scripts.LockAcquire)
+		h.reply(att, replyNil, nil)
+		mustGranted(t, "acquire after the unlock", again.future)
+		if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
+			t.Fatalf("hold %+v, want count 1", hd)
+		}
+	})
+	t.Run("unlock waits for the re-entry in flight", func(t *testing.T) {
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		again := h.acquire("L", 1, 0, -1)
+		att := h.take().one(t, scripts.LockAcquire)
+		unlocked := h.unlock("L", 1)
+		h.take().none(t)
+		h.reply(att, replyNil, nil)
+		mustGranted(t, "re-entry", again.future)
+		rel := h.take().one(t, scripts.LockRelease)
+		h.reply(rel, replyInt(0), nil)
+		mustGranted(t, "unlock", unlocked)
+		if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
+			t.Fatalf("hold %+v, want count 1", hd)
+		}
+	})
+	t.Run("Close answers what waited", func(t *testing.T) {
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		h.unlockCall(t, "L", 1, scripts.LockRelease)
+		again := h.acquire("L", 1, 0, -1)
+		h.m.handle(closeMsg{}, h.now)
+		if err := mustGet(t, "held-back acquire", again.future); !errors.Is(err, ErrClosed) {
+			t.Fatalf("got %v, want ErrClosed", err)
+		}
+	})
+}
+
+// A grant whose caller was cancelled while the attempt was in flight is given back;
+// if that waiter was the last, the lock's subscription and timers go too.
+func TestMachineCancelledGrantEmptiesQueue(t *testing.T) {
+	h := newMH(t, func(c *config) { c.linger = 0 })
+	w := h.heldElsewhere("L", 1, -1, 30*time.Second)
+	h.notice("L")
+	att := h.take().one(t, scripts.LockAcquire)
+	h.cancelCtx(w)
+	h.reply(att, replyNil, nil)
+	s := h.take()
+	s.one(t, scripts.LockReleaseOwner)
+	if len(s.unsubscribes()) != 1 {
+		t.Fatalf("no unsubscribe after the last waiter's grant was given back: %v", s)
+	}
+}
+
+// A holder whose re-entry is refused has lost the lock: its Lost closes at once,
+// not at the next renewal.
+func TestMachineRefusedReentryLosesHold(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	lost := h.hold("L", 1).lost.C()
+	h.acquire("L", 1, 0, -1)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyPTTL(20*time.Second), nil)
+	mustFired(t, "Lost", lost)
+	if h.hold("L", 1) != nil {
+		t.Fatal("stale hold kept")
+	}
+}
+
+// ForceUnlock does not take down a hold granted after it was sent (its own unlock
+// message may have woken a local waiter that got the lock since).
+func TestMachineForceSparesLaterGrant(t *testing.T) {
+	h := newMH(t)
+	f := newForce(h, "L")
+	sentAt := h.now
+	h.now = h.now.Add(time.Millisecond)
+	h.grantFresh("L", 1, 0)
+	lost := h.hold("L", 1).lost.C()
+	h.replyAt(f, sentAt, replyInt(1), nil)
+	mustNotFired(t, "Lost of the later grant", lost)
+	if h.hold("L", 1) == nil {
+		t.Fatal("later grant dropped by the force-release")
+	}
+}
+
+func newForce(h *mh, lock string) scriptCall {
+	h.t.Helper()
+	h.m.handle(forceUnlockMsg{lock: lock, future: newForceFuture()}, h.now)
+	return h.take().one(h.t, scripts.LockForceRelease)
+}
+
+// A fair waiter whose attempt failed on a transport error keeps a way to retry:
+// when the back-off ends, it is woken even if it is not the first local waiter.
+func TestMachineFairWaiterRetriesAfterTransportError(t *testing.T) {
+	h := newMH(t)
+	a := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+	h.take()
+	b := h.acquireFair("L", 2)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+	s := h.take()
+	// b's own retry timer fires; its attempt fails on the connection.
+	var bRetry *timerOp
+	for _, op := range s.armed(kindFairRetry) {
+		if op.key.ID == b.id {
+			bRetry = &op
+		}
+	}
+	if bRetry == nil {
+		t.Fatalf("no retry timer armed for b: %v", s)
+	}
+	h.fire(bRetry.key)
+	h.reply(h.take().one(t, scripts.FairAcquire), scripts.Reply{}, errConn)
+	retry := h.take().retryArmed(t)
+	h.fire(retry.key)
+	// One attempt at a time per lock: the first woken local waiter may go first;
+	// b must follow without any further timer or message.
+	var owners []string
+	for i := 0; i < 2; i++ {
+		calls := h.take().calls(scripts.FairAcquire)
+		if len(calls) != 1 {
+			break
+		}
+		owners = append(owners, calls[0].args[1])
+		if calls[0].args[1] == "cid:2" {
+			break
+		}
+		h.reply(calls[0], replyPTTL(30*time.Second), nil)
+	}
+	if !slices.Contains(owners, "cid:2") {
+		t.Fatalf("after the back-off, attempts by %v; b (cid:2) must retry", owners)
+	}
+	mustPending(t, "a", a.future)
+}
+
+// acquireFair is acquire on a fair lock, waiting until its context ends.
+func (h *mh) acquireFair(lock string, owner uint64) *tw {
+	h.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	h.t.Cleanup(cancel)
+	h.nextID++
+	w := &tw{id: h.nextID, lock: lock, owner: owner, ctx: ctx, cancel: cancel, future: futures.New[error]()}
+	h.m.handle(acquireMsg{id: w.id, lock: lock, owner: owner, fair: true, wait: -1, ctx: ctx, future: w.future}, h.now)
+	return w
+}
+
+func newForceFuture() *futures.Future[forceResult] { return futures.New[forceResult]() }

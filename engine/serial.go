@@ -1,0 +1,68 @@
+package engine
+
+import "time"
+
+// One owner's calls run one at a time.
+//
+// The engine sends each step's script calls on I/O goroutines, so the replies of two
+// calls in flight at once may come back in another order than Redis ran them. For
+// two calls of one owner on one lock that breaks the hold count the engine mirrors:
+// an Unlock racing the same handle's re-entry could leave the engine without a hold
+// that Redis still has (never renewed), or tell the caller "held" for a lock already
+// deleted. So an owner's direct acquires (re-entry, single try) and releases
+// (Unlock, handoff) are serialized: while one is in flight, the owner's next such
+// request waits here, in order, and is handled when the reply has been.
+//
+// Queued attempts need no such care: an owner in the queue holds nothing, and its
+// queued attempt is its only call.
+
+// ownerCalls is one owner's serialization state.
+type ownerCalls struct {
+	active  bool      // a serialized call is in flight
+	pending []message // requests waiting for it, in arrival order
+}
+
+// deferIfBusy parks msg behind the owner's call in flight and reports whether it did.
+func (m *machine) deferIfBusy(k holdKey, msg message) bool {
+	q := m.serial[k]
+	if q == nil || !q.active {
+		return false
+	}
+	q.pending = append(q.pending, msg)
+	return true
+}
+
+// markBusy records that a serialized call of the owner is now in flight.
+func (m *machine) markBusy(k holdKey) {
+	q := m.serial[k]
+	if q == nil {
+		q = &ownerCalls{}
+		m.serial[k] = q
+	}
+	q.active = true
+}
+
+// markIdle records that the owner's call has been answered, and handles the
+// requests that waited for it until one of them is in flight again.
+func (m *machine) markIdle(k holdKey, now time.Time) {
+	q := m.serial[k]
+	if q == nil {
+		return
+	}
+	q.active = false
+	for len(q.pending) > 0 && !q.active {
+		msg := q.pending[0]
+		q.pending[0] = nil
+		q.pending = q.pending[1:]
+		m.handle(msg, now)
+	}
+	if !q.active && len(q.pending) == 0 {
+		delete(m.serial, k)
+	}
+}
+
+// ownerBusy reports whether the owner has a serialized call in flight.
+func (m *machine) ownerBusy(k holdKey) bool {
+	q := m.serial[k]
+	return q != nil && q.active
+}
