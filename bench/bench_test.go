@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"io"
 	"math"
 	"os"
 	"path/filepath"
@@ -127,8 +128,17 @@ func TestSelect(t *testing.T) {
 	if _, err := selectKinds("nope"); err == nil {
 		t.Error("unknown contender accepted")
 	}
-	if got := kindNames(rotate(allKinds, 1)); !strings.HasPrefix(got, "naive,") || !strings.HasSuffix(got, ",leash") {
+	if got := kindNames(rotate(allKinds, 1)); !strings.HasPrefix(got, allKinds[1].name+",") || !strings.HasSuffix(got, ",leash") {
 		t.Errorf("rotate = %s", got)
+	}
+	fair, _ := kindByName("leash-fair")
+	for letter, want := range map[string]bool{"A": true, "B": false, "C": true, "D": true} {
+		if fair.runsIn(letter) != want {
+			t.Errorf("leash-fair runsIn(%s) = %v, want %v", letter, !want, want)
+		}
+	}
+	if k, _ := kindByName("naive"); !k.runsIn("B") {
+		t.Error("naive should run in every scenario")
 	}
 }
 
@@ -210,10 +220,27 @@ func TestRunTiny(t *testing.T) {
 	if len(res.Failures) > 0 {
 		t.Fatalf("failures:\n%s", strings.Join(res.Failures, "\n"))
 	}
-	k := len(allKinds)
+	// in counts the contenders that take part in a scenario.
+	in := func(letter string) int {
+		n := 0
+		for _, k := range allKinds {
+			if k.runsIn(letter) {
+				n++
+			}
+		}
+		return n
+	}
 	p := o.prof
-	if got, want := len(res.A), p.Reps*k*len(p.AGoroutines); got != want {
+	if got, want := len(res.A), p.Reps*in("A")*len(p.AGoroutines); got != want {
 		t.Errorf("%d A runs, want %d", got, want)
+	}
+	if got, want := len(res.B), p.Reps*in("B"); got != want {
+		t.Errorf("%d B runs, want %d", got, want)
+	}
+	for _, r := range res.B {
+		if k, _ := kindByName(r.Contender); !k.runsIn("B") {
+			t.Errorf("B ran %s, which does not take part in B", r.Contender)
+		}
 	}
 	for _, r := range res.A {
 		if r.Acquisitions == 0 || r.Violations != 0 || r.Redis.Requests == 0 {
@@ -225,7 +252,7 @@ func TestRunTiny(t *testing.T) {
 			t.Errorf("B %s: no ops", r.Contender)
 		}
 	}
-	if got, want := len(res.C), p.Reps*k*len(p.CProcs); got != want {
+	if got, want := len(res.C), p.Reps*in("C")*len(p.CProcs); got != want {
 		t.Errorf("%d C runs, want %d", got, want)
 	}
 	for _, r := range res.C {
@@ -238,6 +265,9 @@ func TestRunTiny(t *testing.T) {
 		}
 	}
 	for _, c := range res.Contenders {
+		if k, _ := kindByName(c); !k.runsIn("D") {
+			continue
+		}
 		if l := dPooled(res, c); l.Samples < p.DSamples-1 {
 			t.Errorf("D %s: %d samples, want %d", c, l.Samples, p.DSamples)
 		}
@@ -264,7 +294,7 @@ func TestRunTiny(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, s := range scenarioList {
+	for _, s := range append(scenarioList, scenario{"", "leash against its targets"}, scenario{"", "leash-fair against"}) {
 		if !strings.Contains(md, "## "+s.name) {
 			t.Errorf("results.md has no %q section", s.name)
 		}
@@ -276,5 +306,35 @@ func TestRunTiny(t *testing.T) {
 	}
 	if len(res.Plots) < 5 {
 		t.Errorf("plots = %v, want A, B, C and D plots", res.Plots)
+	}
+}
+
+// TestCDrainCap checks scenario C's drain cap on the naive lock, whose polling
+// waiters drain 100 waiters in far more than 100 ms: the cell stops at the cap, the
+// waiters left stop without counting as errors, and the figures cover the
+// handoffs made.
+func TestCDrainCap(t *testing.T) {
+	srv := testredis.New(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := tinyProfile()
+	p.CWaiters, p.CProcs, p.CHolderHold, p.CDrainCap = 100, []int{1, 2}, 10*time.Millisecond, 100*time.Millisecond
+	o := options{addr: srv.Addr(), prof: p, contenders: "naive", scenarios: "C", args: []string{"-test"}}
+	res, err := runBench(ctx, o, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Failures) > 0 || len(res.C) != len(p.CProcs) {
+		t.Fatalf("%d C runs, failures %v", len(res.C), res.Failures)
+	}
+	for _, r := range res.C {
+		if !r.Capped || r.Aborted || r.Stopped == 0 || r.Acquired == 0 || r.Acquired+r.Stopped != r.Waiters ||
+			r.Errors != 0 || r.Violations != 0 || r.HandoffsPerSec <= 0 || r.ReqPerHandoff <= 0 {
+			t.Errorf("procs=%d: capped %v, aborted %v, %d acquired + %d stopped of %d, %d errors (%s), %d violations, %.0f handoffs/s, %.1f requests/handoff",
+				r.Procs, r.Capped, r.Aborted, r.Acquired, r.Stopped, r.Waiters, r.Errors, r.FirstError, r.Violations, r.HandoffsPerSec, r.ReqPerHandoff)
+		}
+	}
+	if md := markdown(res); !strings.Contains(md, "within the drain cap") {
+		t.Errorf("results.md does not say the drain was capped:\n%s", md)
 	}
 }

@@ -29,6 +29,12 @@ type Profile struct {
 	CHolderHold time.Duration `json:"c_holder_hold_ns"`
 	CHold       time.Duration `json:"c_hold_ns"`
 	CTimeout    time.Duration `json:"c_timeout_ns"`
+	// CDrainCap, when positive, ends a C cell that long after the first holder's
+	// release (at the latest; counted from the waiters' start plus CHolderHold):
+	// the waiters still waiting stop, and the figures cover the handoffs made
+	// until then. It bounds the slow polling peers' drains; the others finish
+	// well within it.
+	CDrainCap time.Duration `json:"c_drain_cap_ns"`
 	// D: samples per contender, spread over the repetitions.
 	DSamples int `json:"d_samples"`
 	// F: held locks, their watchdog timeout, and how many renewal periods are
@@ -56,6 +62,7 @@ func defaultProfile() Profile {
 		CHolderHold: 200 * time.Millisecond,
 		CHold:       time.Millisecond,
 		CTimeout:    60 * time.Second,
+		CDrainCap:   5 * time.Second,
 		DSamples:    200,
 		FLocks:      10000,
 		FWatchdog:   3 * time.Second,
@@ -73,6 +80,7 @@ func fullProfile() Profile {
 	p.AGoroutines = []int{1, 16, 256, 1024}
 	p.ADuration = 3 * time.Second
 	p.BDuration = 2 * time.Second
+	p.CDrainCap = 0 // every contender drains all its waiters
 	p.DSamples = 1000
 	p.FPeriods = 6
 	p.Pings = 10000

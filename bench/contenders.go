@@ -52,8 +52,17 @@ type contenderKind struct {
 	// contender runs only inside its Lua scripts. Redis 7 counts commands run by a
 	// script in commandstats, so requests = every call - these.
 	scriptOnly []string
+	// scenarios lists the letters of the scenarios among A–D the contender takes
+	// part in (E is read from A, C and D); empty means all of them. F and G run
+	// leash's Mutex alone, whatever this says.
+	scenarios string
 	// open connects a new instance to the server at addr.
 	open func(addr string) (Contender, error)
+}
+
+// runsIn reports whether the contender takes part in the scenario with that letter.
+func (k contenderKind) runsIn(letter string) bool {
+	return k.scenarios == "" || strings.Contains(k.scenarios, letter)
 }
 
 // lease is the fixed lease of the contenders that have no watchdog (naive,
@@ -68,19 +77,20 @@ var allKinds = []contenderKind{
 		waits: "local FIFO queue + pub/sub wake-up, direct local handoff",
 		// lock_acquire/lock_release/lock_handoff/lock_renew/lock_release_owner.lua.
 		scriptOnly: []string{"exists", "hexists", "hincrby", "pexpire", "pttl", "del", "publish", "hset", "hlen", "hdel", "pubsub|numsub"},
-		open:       openLeash("leash", func(c *lockapi.Client, name string) leashHandle { return c.Mutex(name) }),
+		open:       openLeash("leash", (*lockapi.Client).Mutex),
 	},
-	// leash-fair: lockapi.Client.FairMutex has landed and returns a *lockapi.Mutex,
-	// so adding the fair lock is this one entry, left to its owner. (Each contender
-	// adds about a fifth to the run time; the default run is at ~4.5 of its 5
-	// minutes.)
-	//	{
-	//		name:  "leash-fair",
-	//		waits: "Redisson FairLock queue, per-waiter channel",
-	//		scriptOnly: []string{"exists", "hexists", "hincrby", "hset", "pexpire", "pttl", "del", "publish",
-	//			"lindex", "llen", "lpop", "lpos", "lrange", "lrem", "rpush", "zadd", "zrange", "zrem", "zscore"},
-	//		open: openLeash("leash-fair", func(c *lockapi.Client, name string) leashHandle { return c.FairMutex(name) }),
-	//	},
+	{
+		name:  "leash-fair",
+		waits: "Redisson FairLock queue in Redis, per-waiter wake-up, direct local handoff to the queue's head",
+		// fair_acquire/fair_release/fair_handoff/fair_leave/fair_force_release.lua,
+		// plus lock_release_owner.lua and lock_renew.lua, which serve both lock kinds.
+		scriptOnly: []string{"exists", "hexists", "hincrby", "hset", "hdel", "hlen", "pexpire", "pttl", "del", "publish",
+			"lindex", "llen", "lpop", "lpos", "lrange", "lrem", "rpush", "zadd", "zrange", "zrem", "zscore"},
+		// The fair lock is compared where waiting and handing off are measured; B
+		// (nobody waits), F and G stay with leash's Mutex.
+		scenarios: "ACD",
+		open:      openLeash("leash-fair", (*lockapi.Client).FairMutex),
+	},
 	{
 		name:       "naive",
 		waits:      "SET NX PX, sleep 10 ms, retry",
@@ -164,23 +174,17 @@ func rotate(kinds []contenderKind, n int) []contenderKind {
 
 // ---- leash ----
 
-// leashHandle is what the harness needs of a leash lock handle; *lockapi.Mutex has
-// it, and so will the fair lock.
-type leashHandle interface {
-	Lock(ctx context.Context, opts ...lockapi.AcquireOption) error
-	Unlock(ctx context.Context) error
-}
-
-// leashContender is one lockapi.Client; each Locker is one handle (one owner).
+// leashContender is one lockapi.Client; each Locker is one handle (one owner),
+// from Client.Mutex or Client.FairMutex (both return a *lockapi.Mutex).
 type leashContender struct {
 	name   string
 	c      *lockapi.Client
-	handle func(*lockapi.Client, string) leashHandle
+	handle func(*lockapi.Client, string) *lockapi.Mutex
 }
 
 // openLeash returns an opener of leash clients (with default Options) whose
 // handles come from handle.
-func openLeash(name string, handle func(*lockapi.Client, string) leashHandle) func(string) (Contender, error) {
+func openLeash(name string, handle func(*lockapi.Client, string) *lockapi.Mutex) func(string) (Contender, error) {
 	return func(addr string) (Contender, error) {
 		c, err := lockapi.New(lockapi.Options{Addrs: []string{addr}})
 		if err != nil {
@@ -196,7 +200,7 @@ func (l *leashContender) NewLocker(name string) Locker {
 	return leashLocker{h: l.handle(l.c, name)}
 }
 
-type leashLocker struct{ h leashHandle }
+type leashLocker struct{ h *lockapi.Mutex }
 
 func (l leashLocker) Lock(ctx context.Context) error   { return l.h.Lock(ctx) }
 func (l leashLocker) Unlock(ctx context.Context) error { return l.h.Unlock(ctx) }

@@ -1,16 +1,17 @@
-// Command bench compares leash with the lock most services write by hand (naive)
-// and with the Go peers (bsm/redislock, go-redsync/redsync, rueidis's rueidislock)
-// on one Redis server, and writes the figures as results.md, results.json and PNG
-// plots.
+// Command bench compares leash (its Mutex, and its fair lock as leash-fair in
+// scenarios A, C and D) with the lock most services write by hand (naive) and with
+// the Go peers (bsm/redislock, go-redsync/redsync, rueidis's rueidislock) on one
+// Redis server, and writes the figures as results.md, results.json and PNG plots.
 //
 //	cd bench && go run . -out results
 //
 // Without -addr it starts its own redis-server on a free loopback port (through
-// internal/testredis) and stops it on exit. Every contender runs in the same run,
-// interleaved within each repetition, with the contender order rotated from one
-// repetition to the next; the report gives medians with [min–max] over the
-// repetitions. The comment at the top of each scenario_*.go file says what that
-// scenario measures and how; redisstats.go says how Redis work is counted.
+// internal/testredis) and stops it on exit. Every contender runs in the same run
+// (in each scenario it takes part in), interleaved within each repetition, with
+// the contender order rotated from one repetition to the next; the report gives
+// medians with [min–max] over the repetitions. The comment at the top of each
+// scenario_*.go file says what that scenario measures and how; redisstats.go says
+// how Redis work is counted.
 package main
 
 import (
@@ -234,18 +235,20 @@ func (r *runner) hasLeash() bool {
 
 // cellCount returns how many cells the run has, for the progress line.
 func (r *runner) cellCount() int {
-	k, n := len(r.kinds), 0
-	if r.scen["A"] {
-		n += len(r.prof.AGoroutines) * k
-	}
-	if r.scen["B"] {
-		n += k
-	}
-	if r.scen["C"] {
-		n += len(r.prof.CProcs) * k
-	}
-	if r.scen["D"] {
-		n += k
+	n := 0
+	for _, k := range r.kinds {
+		if r.scen["A"] && k.runsIn("A") {
+			n += len(r.prof.AGoroutines)
+		}
+		if r.scen["B"] && k.runsIn("B") {
+			n++
+		}
+		if r.scen["C"] && k.runsIn("C") {
+			n += len(r.prof.CProcs)
+		}
+		if r.scen["D"] && k.runsIn("D") {
+			n++
+		}
 	}
 	if r.hasLeash() && r.scen["F"] {
 		n++
@@ -271,8 +274,10 @@ func (r *runner) runAll(ctx context.Context) error {
 		}
 		r.res.RTTByRep = append(r.res.RTTByRep, rtt)
 		r.rtt = time.Duration(rtt.P50us * float64(time.Microsecond))
-		cell := func(label string, f func() error) {
-			if ctx.Err() != nil {
+		// cell runs one cell, unless the context has ended or k does not take part
+		// in the scenario.
+		cell := func(k contenderKind, letter, label string, f func() error) {
+			if ctx.Err() != nil || !k.runsIn(letter) {
 				return
 			}
 			r.prog.step(fmt.Sprintf("rep %d/%d  %s", rep+1, p.Reps, label))
@@ -285,7 +290,7 @@ func (r *runner) runAll(ctx context.Context) error {
 		if r.scen["A"] {
 			for _, g := range p.AGoroutines {
 				for _, k := range order {
-					cell(fmt.Sprintf("A contended  G=%d  %s", g, k.name), func() error {
+					cell(k, "A", fmt.Sprintf("A contended  G=%d  %s", g, k.name), func() error {
 						run, err := r.runA(ctx, k, g, rep)
 						if err == nil {
 							r.res.A = append(r.res.A, run)
@@ -297,7 +302,7 @@ func (r *runner) runAll(ctx context.Context) error {
 		}
 		if r.scen["B"] {
 			for _, k := range order {
-				cell("B uncontended  "+k.name, func() error {
+				cell(k, "B", "B uncontended  "+k.name, func() error {
 					run, err := r.runB(ctx, k, rep)
 					if err == nil {
 						r.res.B = append(r.res.B, run)
@@ -309,7 +314,7 @@ func (r *runner) runAll(ctx context.Context) error {
 		if r.scen["C"] {
 			for _, procs := range p.CProcs {
 				for _, k := range order {
-					cell(fmt.Sprintf("C many waiters  %d proc  %s", procs, k.name), func() error {
+					cell(k, "C", fmt.Sprintf("C many waiters  %d proc  %s", procs, k.name), func() error {
 						run, err := r.runC(ctx, k, procs, rep)
 						if err == nil {
 							r.res.C = append(r.res.C, run)
@@ -321,7 +326,7 @@ func (r *runner) runAll(ctx context.Context) error {
 		}
 		if r.scen["D"] {
 			for _, k := range order {
-				cell("D handoff latency  "+k.name, func() error {
+				cell(k, "D", "D handoff latency  "+k.name, func() error {
 					run, err := r.runD(ctx, k, rep, dPerRep)
 					if err == nil {
 						r.res.D = append(r.res.D, run)
@@ -331,7 +336,7 @@ func (r *runner) runAll(ctx context.Context) error {
 			}
 		}
 		if r.hasLeash() && r.scen["F"] {
-			cell("F renewals  leash", func() error {
+			cell(leashKind(), "F", "F renewals  leash", func() error {
 				run, err := r.runF(ctx, rep)
 				if err == nil {
 					r.res.F = append(r.res.F, run)
@@ -340,7 +345,7 @@ func (r *runner) runAll(ctx context.Context) error {
 			})
 		}
 		if r.hasLeash() && r.scen["G"] {
-			cell("G memory per waiter  leash", func() error {
+			cell(leashKind(), "G", "G memory per waiter  leash", func() error {
 				run, err := r.runG(ctx, rep)
 				if err == nil {
 					r.res.G = append(r.res.G, run)

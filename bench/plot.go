@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"math"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -226,32 +228,55 @@ func writePlots(dir string, res *Results) ([]string, error) {
 			spec("a_owner_changes.png", "A contended: owner changes/s", "owner changes/s", 2, nil, aChanges),
 			spec("a_p99.png", "A contended: acquire latency p99", "p99 of Lock", 1, microsLabel, aP99))
 	}
-	perContender := func(label string, f func(string) Summary) plotSeries {
-		s := plotSeries{label: label}
+	// inScenario returns the contenders with runs in a scenario (has says whether
+	// one has): the categories of a per-contender plot, so a contender that does
+	// not take part leaves no empty slot.
+	inScenario := func(has func(string) bool) []string {
+		var cats []string
 		for _, c := range res.Contenders {
+			if has(c) {
+				cats = append(cats, c)
+			}
+		}
+		return cats
+	}
+	perContender := func(cats []string, label string, f func(string) Summary) plotSeries {
+		s := plotSeries{label: label}
+		for _, c := range cats {
 			s.vals = append(s.vals, f(c))
 		}
 		return s
 	}
 	if len(res.B) > 0 {
+		cats := inScenario(func(c string) bool { return len(bRuns(res, c)) > 0 })
 		specs = append(specs, dotPlotSpec{file: "b_ops.png", title: "B uncontended: lock+unlock cycles/s",
-			xlabel: "contender", ylabel: "ops/s", cats: res.Contenders, log: true,
-			series: []plotSeries{perContender(fmt.Sprintf("%d goroutines", res.Profile.BGoroutines),
+			xlabel: "contender", ylabel: "ops/s", cats: cats, log: true,
+			series: []plotSeries{perContender(cats, fmt.Sprintf("%d goroutines", res.Profile.BGoroutines),
 				func(c string) Summary { return summarizeBy(bRuns(res, c), bOps) })}})
 	}
 	if len(res.C) > 0 {
+		cats := inScenario(func(c string) bool {
+			return slices.ContainsFunc(res.C, func(r CRun) bool { return r.Contender == c })
+		})
 		var ss []plotSeries
 		for _, procs := range res.Profile.CProcs {
 			label := fmt.Sprintf("%d processes", procs)
 			if procs == 1 {
 				label = "1 process"
 			}
-			ss = append(ss, perContender(label, func(c string) Summary { return summarizeBy(cRuns(res, c, procs), cRate) }))
+			ss = append(ss, perContender(cats, label, func(c string) Summary { return summarizeBy(cRuns(res, c, procs), cRate) }))
 		}
-		specs = append(specs, dotPlotSpec{file: "c_handoffs.png", title: fmt.Sprintf("C many waiters: handoffs/s (%d waiters)", res.Profile.CWaiters),
-			xlabel: "contender", ylabel: "handoffs/s", cats: res.Contenders, series: ss})
+		title := fmt.Sprintf("C many waiters: handoffs/s (%d waiters)", res.Profile.CWaiters)
+		if capped := inScenario(func(c string) bool {
+			return slices.ContainsFunc(res.C, func(r CRun) bool { return r.Contender == c && r.Capped })
+		}); len(capped) > 0 {
+			title += fmt.Sprintf("\n%s: drain capped at %s", strings.Join(capped, ", "), res.Profile.CDrainCap)
+		}
+		specs = append(specs, dotPlotSpec{file: "c_handoffs.png", title: title,
+			xlabel: "contender", ylabel: "handoffs/s", cats: cats, series: ss})
 	}
 	if len(res.D) > 0 {
+		cats := inScenario(func(c string) bool { return len(dRuns(res, c)) > 0 })
 		pooled := func(pick func(Latency) float64) func(string) Summary {
 			return func(c string) Summary {
 				l := dPooled(res, c)
@@ -263,10 +288,10 @@ func writePlots(dir string, res *Results) ([]string, error) {
 			}
 		}
 		specs = append(specs, dotPlotSpec{file: "d_latency.png", title: "D handoff latency (all samples)",
-			xlabel: "contender", ylabel: "release → acquire", cats: res.Contenders, log: true, label: microsLabel,
+			xlabel: "contender", ylabel: "release → acquire", cats: cats, log: true, label: microsLabel,
 			series: []plotSeries{
-				perContender("p50", pooled(func(l Latency) float64 { return l.P50us })),
-				perContender("p99", pooled(func(l Latency) float64 { return l.P99us })),
+				perContender(cats, "p50", pooled(func(l Latency) float64 { return l.P50us })),
+				perContender(cats, "p99", pooled(func(l Latency) float64 { return l.P99us })),
 			}})
 	}
 	var files []string

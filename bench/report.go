@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -245,13 +246,13 @@ func markdown(res *Results) string {
 	w("| loopback round trip | PING p50 %s, p99 %s (%d sequential PINGs, at the start of each repetition; medians [min–max]) |\n\n",
 		fmtSum(summarizeBy(res.RTTByRep, func(l Latency) float64 { return l.P50us }), fmtUs),
 		fmtSum(summarizeBy(res.RTTByRep, func(l Latency) float64 { return l.P99us }), fmtUs), m.RTT.Samples)
-	w("Figures are medians over the repetitions with [min–max]; all contenders run in every repetition, interleaved, the order rotated each time. ")
+	w("Figures are medians over the repetitions with [min–max]; every contender runs in every repetition of each scenario it takes part in, interleaved, the order rotated each time. ")
 	w("*requests* = commands clients sent (a script call counts once); *server commands* also count the commands run inside scripts (see redisstats.go).\n\n")
 
-	w("## Contenders\n\n| contender | how a blocked Lock waits | commands only run inside its scripts |\n| --- | --- | --- |\n")
+	w("## Contenders\n\n| contender | scenarios | how a blocked Lock waits | commands only run inside its scripts |\n| --- | --- | --- | --- |\n")
 	for _, name := range res.Contenders {
 		k, _ := kindByName(name)
-		w("| %s | %s | %s |\n", k.name, k.waits, strings.Join(k.scriptOnly, ", "))
+		w("| %s | %s | %s | %s |\n", k.name, scenarioLetters(k), k.waits, strings.Join(k.scriptOnly, ", "))
 	}
 	w("\n")
 	markdownScenarios(&b, res)
@@ -271,6 +272,29 @@ func markdown(res *Results) string {
 		w("\n")
 	}
 	return b.String()
+}
+
+// scenarioLetters lists the scenarios k takes part in: A–E for most (E is read from
+// A, C and D), with F and G for leash's Mutex, which runs them alone.
+func scenarioLetters(k contenderKind) string {
+	var out []string
+	for _, s := range scenarioList {
+		switch s.letter {
+		case "E":
+			if k.runsIn("A") || k.runsIn("C") || k.runsIn("D") {
+				out = append(out, s.letter)
+			}
+		case "F", "G":
+			if k.name == "leash" {
+				out = append(out, s.letter)
+			}
+		default:
+			if k.runsIn(s.letter) {
+				out = append(out, s.letter)
+			}
+		}
+	}
+	return strings.Join(out, ", ")
 }
 
 // markdownScenarios renders one table per scenario that ran.
@@ -320,16 +344,20 @@ func markdownScenarios(b *strings.Builder, res *Results) {
 	}
 	if len(res.C) > 0 {
 		w("## C many waiters\n\n%d waiters queue behind a holder that holds %s, then each takes the lock once, holding ~%s; ", p.CWaiters, p.CHolderHold, p.CHold)
-		w("from 1 process and spread over several worker processes. Physical limit = 1 / (mean hold + one round trip); idle gap = (drain − sum of holds) / handoffs.\n\n")
-		w("| contender | processes | handoffs/s | %% of limit | idle gap/handoff | requests/handoff | server cmds/handoff | limit/s |\n")
-		w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
+		w("from 1 process and spread over several worker processes. Physical limit = 1 / (mean hold + one round trip); idle gap = (drain − sum of holds) / handoffs.")
+		if p.CDrainCap > 0 {
+			w(" A drain is capped at about %s after the holder's release: the waiters still waiting then stop, and the figures cover the handoffs made until then (*served*: waiters that got the lock).", p.CDrainCap)
+		}
+		w("\n\n| contender | processes | served | handoffs/s | %% of limit | idle gap/handoff | requests/handoff | server cmds/handoff | limit/s |\n")
+		w("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, procs := range p.CProcs {
 			for _, c := range res.Contenders {
 				rs := cRuns(res, c, procs)
 				if len(rs) == 0 {
 					continue
 				}
-				w("| %s | %d | %s | %s | %s | %s | %s | %s |\n", c, procs, fmtSum(summarizeBy(rs, cRate), fmtCount),
+				w("| %s | %d | %s | %s | %s | %s | %s | %s | %s |\n", c, procs,
+					fmtSum(summarizeBy(rs, func(r CRun) float64 { return float64(r.Acquired) }), fmtCount), fmtSum(summarizeBy(rs, cRate), fmtCount),
 					fmtSum(summarizeBy(rs, cPct), fmtF(1)), fmtSum(summarizeBy(rs, cGap), fmtUs),
 					fmtSum(summarizeBy(rs, cReq), fmtF(2)), fmtSum(summarizeBy(rs, cCmds), fmtF(2)),
 					fmtSum(summarizeBy(rs, cLimit), fmtCount))
@@ -341,11 +369,22 @@ func markdownScenarios(b *strings.Builder, res *Results) {
 			if r.Acquired < r.Waiters {
 				short = true
 				why := ""
-				if r.Aborted {
+				switch {
+				case r.Aborted:
 					why = fmt.Sprintf(": nothing moved for %s, the rest were told to give up", cStall)
+				case r.Capped:
+					why = fmt.Sprintf(" within the drain cap; %d stopped waiting", r.Stopped)
 				}
-				w("- %s, %d processes, rep %d: %d of %d waiters acquired%s (first error: %s).\n",
-					r.Contender, r.Procs, r.Rep+1, r.Acquired, r.Waiters, why, r.FirstError)
+				firstErr := ""
+				if r.FirstError != "" {
+					firstErr = fmt.Sprintf(" (first error: %s)", r.FirstError)
+				}
+				procs := fmt.Sprintf("%d processes", r.Procs)
+				if r.Procs == 1 {
+					procs = "1 process"
+				}
+				w("- %s, %s, rep %d: %d of %d waiters acquired%s%s.\n",
+					r.Contender, procs, r.Rep+1, r.Acquired, r.Waiters, why, firstErr)
 			}
 		}
 		if short {
@@ -375,7 +414,15 @@ func markdownScenarios(b *strings.Builder, res *Results) {
 		w("| contender | A violations | C violations | D violations | errors A / B / C / D |\n| --- | ---: | ---: | ---: | ---: |\n")
 		for _, c := range res.Contenders {
 			s := safetyOf(res, c)
-			w("| %s | %d | %d | %d | %d / %d / %d / %d |\n", c, s.a, s.c, s.d, s.errA, s.errB, s.errC, s.errD)
+			// "–" where the contender did not take part in the scenario.
+			ran := func(runs, n int) string {
+				if runs == 0 {
+					return "–"
+				}
+				return strconv.Itoa(n)
+			}
+			w("| %s | %s | %s | %s | %s / %s / %s / %s |\n", c, ran(s.runsA, s.a), ran(s.runsC, s.c), ran(s.runsD, s.d),
+				ran(s.runsA, s.errA), ran(s.runsB, s.errB), ran(s.runsC, s.errC), ran(s.runsD, s.errD))
 		}
 		w("\n")
 	}
@@ -408,31 +455,40 @@ func markdownScenarios(b *strings.Builder, res *Results) {
 	}
 }
 
-// safety adds up one contender's violations and errors.
-type safety struct{ a, c, d, errA, errB, errC, errD int }
+// safety adds up one contender's violations and errors, and counts its runs of
+// each scenario.
+type safety struct {
+	a, c, d                    int
+	errA, errB, errC, errD     int
+	runsA, runsB, runsC, runsD int
+}
 
 // safetyOf sums the contender's violations and errors over every run.
 func safetyOf(res *Results, contender string) safety {
 	var s safety
 	for _, r := range res.A {
 		if r.Contender == contender {
+			s.runsA++
 			s.a += int(r.Violations)
 			s.errA += int(r.Errors)
 		}
 	}
 	for _, r := range res.B {
 		if r.Contender == contender {
+			s.runsB++
 			s.errB += int(r.Errors)
 		}
 	}
 	for _, r := range res.C {
 		if r.Contender == contender {
+			s.runsC++
 			s.c += r.Violations
 			s.errC += r.Errors
 		}
 	}
 	for _, r := range res.D {
 		if r.Contender == contender {
+			s.runsD++
 			s.d += r.Violations
 			s.errD += r.Errors
 		}

@@ -21,6 +21,12 @@ import (
 //
 // A handoff can at best cost one round trip on top of the hold, so the physical
 // limit is N / (N * (mean hold + RTT)) handoffs per second.
+//
+// With Profile.CDrainCap set (the default profile), a cell also ends at the cap:
+// the waiters still waiting stop, and the figures cover the handoffs made until
+// then (N becomes the number that acquired). Only the polling peers, which drain
+// at 50-150 handoffs/s, reach it; their figures are then over the first part of
+// the drain, when more waiters poll than on average over a whole one.
 
 // CRun is one cell of scenario C: one contender, one process count, one repetition.
 type CRun struct {
@@ -44,7 +50,11 @@ type CRun struct {
 	Violations     int     `json:"violations"`
 	// Aborted: no waiter anywhere acquired for cStall, so the waiters still
 	// waiting were told to give up (they count as errors).
-	Aborted    bool      `json:"aborted"`
+	Aborted bool `json:"aborted"`
+	// Capped: the drain reached Profile.CDrainCap, so the waiters still waiting
+	// were told to stop (they count as Stopped, not as errors).
+	Capped     bool      `json:"capped"`
+	Stopped    int       `json:"stopped"`
 	Errors     int       `json:"errors"`
 	FirstError string    `json:"first_error,omitempty"`
 	Redis      RedisWork `json:"redis"`
@@ -230,7 +240,7 @@ func (r *runner) runC(ctx context.Context, kind contenderKind, procs, rep int) (
 			return CRun{}, err
 		}
 	}
-	msgs, aborted, err := r.drainC(ctx, ws, events)
+	d, err := r.drainC(ctx, ws, events)
 	if err != nil {
 		return CRun{}, err
 	}
@@ -238,47 +248,72 @@ func (r *runner) runC(ctx context.Context, kind contenderKind, procs, rep int) (
 	if err != nil {
 		return CRun{}, err
 	}
-	run := summarizeC(kind.name, procs, rep, p.CWaiters, msgs, work, r.rtt)
-	run.Aborted = aborted
+	run := summarizeC(kind.name, procs, rep, p.CWaiters, d.msgs, work, r.rtt)
+	// A cap that came when nobody was left waiting cut nothing.
+	run.Aborted, run.Capped = d.aborted, d.capped && run.Stopped > 0
 	return run, nil
 }
 
+// drained is how a C cell's drain ended.
+type drained struct {
+	// msgs are the workers' final reports.
+	msgs []workerMessage
+	// aborted: nothing moved for cStall; capped: the drain cap was reached.
+	aborted, capped bool
+}
+
 // drainC collects every worker's final report, telling them all to give up if no
-// waiter anywhere has acquired for cStall.
-func (r *runner) drainC(ctx context.Context, ws []*worker, events <-chan workerEvent) ([]workerMessage, bool, error) {
-	msgs := make([]workerMessage, len(ws))
-	done, aborted := 0, false
+// waiter anywhere has acquired for cStall, and to stop at the drain cap.
+func (r *runner) drainC(ctx context.Context, ws []*worker, events <-chan workerEvent) (drained, error) {
+	d := drained{msgs: make([]workerMessage, len(ws))}
+	done := 0
+	tell := func(line string) {
+		for _, w := range ws {
+			_ = w.send(line)
+		}
+	}
 	lastMove := time.Now()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	hard := time.NewTimer(r.prof.CTimeout + r.prof.CHolderHold + 30*time.Second)
 	defer hard.Stop()
+	// The waiters started just now; the drain starts with the holder's release,
+	// at most CHolderHold from now.
+	var capC <-chan time.Time
+	if r.prof.CDrainCap > 0 {
+		capTimer := time.NewTimer(r.prof.CHolderHold + r.prof.CDrainCap)
+		defer capTimer.Stop()
+		capC = capTimer.C
+	}
 	for done < len(ws) {
 		select {
 		case e := <-events:
 			switch {
 			case e.err != nil:
-				return nil, aborted, fmt.Errorf("worker %d: %w", e.i, e.err)
+				return d, fmt.Errorf("worker %d: %w", e.i, e.err)
 			case e.m.Done != nil:
-				msgs[e.i] = e.m
+				d.msgs[e.i] = e.m
 				done++
 			case e.m.Acquired > 0:
 				lastMove = time.Now()
 			}
 		case <-tick.C:
-			if !aborted && time.Since(lastMove) > cStall {
-				aborted = true
-				for _, w := range ws {
-					_ = w.send("abort")
-				}
+			if !d.aborted && !d.capped && time.Since(lastMove) > cStall {
+				d.aborted = true
+				tell("abort")
+			}
+		case <-capC:
+			if !d.aborted {
+				d.capped = true
+				tell("stop")
 			}
 		case <-hard.C:
-			return nil, aborted, fmt.Errorf("workers did not finish")
+			return d, fmt.Errorf("workers did not finish")
 		case <-ctx.Done():
-			return nil, aborted, ctx.Err()
+			return d, ctx.Err()
 		}
 	}
-	return msgs, aborted, nil
+	return d, nil
 }
 
 // summarizeC turns the workers' reports into a CRun.
@@ -299,6 +334,7 @@ func summarizeC(contender string, procs, rep, waiters int, msgs []workerMessage,
 		}
 		all = append(all, d.Holds...)
 		run.Acquired += len(d.Holds)
+		run.Stopped += d.Stopped
 		run.Errors += d.Errors
 		if run.FirstError == "" {
 			run.FirstError = d.FirstError

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -24,7 +25,9 @@ import (
 //	parent → worker   "go"                   waiters start
 //	worker → parent   {"acquired":n}         progress, every 200 ms while it changes
 //	parent → worker   "abort"                (only if nothing moved for too long)
-//	worker → parent   {"done":{...}}         every waiter has held and released once
+//	parent → worker   "stop"                 (only at the drain cap, Profile.CDrainCap)
+//	worker → parent   {"done":{...}}         every waiter has held and released once,
+//	                                         or given up after "abort" or "stop"
 //
 // Every hold is reported as wall-clock nanoseconds, which all processes on one
 // machine share, so the parent can put the holds of every process on one time line.
@@ -63,9 +66,11 @@ type workerResult struct {
 	// Holder is the first hold, when this worker had the holder.
 	Holder *interval `json:"holder,omitempty"`
 	// Holds has one entry per waiter that acquired.
-	Holds      []interval `json:"holds"`
-	Errors     int        `json:"errors"`
-	FirstError string     `json:"first_error,omitempty"`
+	Holds []interval `json:"holds"`
+	// Stopped counts the waiters that gave up because the parent said "stop".
+	Stopped    int    `json:"stopped"`
+	Errors     int    `json:"errors"`
+	FirstError string `json:"first_error,omitempty"`
 }
 
 // workerMain runs one worker over in and out and returns the exit status.
@@ -136,23 +141,29 @@ func runWorker(in *bufio.Scanner, enc *lockedEncoder) error {
 		return err
 	}
 
-	// After "go" the only line the parent may send is "abort" (every waiter still
-	// waiting gives up: the parent saw no progress anywhere for too long). A closed
-	// stdin means the same.
-	root, abort := context.WithCancel(context.Background())
-	defer abort()
+	// After "go" the only lines the parent may send are "abort" (every waiter still
+	// waiting gives up: the parent saw no progress anywhere for too long; a closed
+	// stdin means the same) and "stop" (the same at the drain cap, which is not an
+	// error: those waiters count as stopped).
+	root, abort := context.WithCancelCause(context.Background())
+	defer abort(nil)
 	go func() {
 		for in.Scan() {
-			if in.Text() == "abort" {
-				break
+			switch in.Text() {
+			case "abort":
+				abort(nil)
+				return
+			case "stop":
+				abort(errStopped)
+				return
 			}
 		}
-		abort()
+		abort(nil)
 	}()
 
 	holds := make([]interval, len(lockers))
 	got := make([]bool, len(lockers))
-	var acquired atomic.Int64
+	var acquired, stopped atomic.Int64
 	var errs errorLog
 	var wg sync.WaitGroup
 	for i, l := range lockers {
@@ -160,7 +171,11 @@ func runWorker(in *bufio.Scanner, enc *lockedEncoder) error {
 			ctx, cancel := context.WithTimeout(root, cfg.Timeout)
 			defer cancel() // after Unlock: see the holder above
 			if err := l.Lock(ctx); err != nil {
-				errs.add(err)
+				if errors.Is(context.Cause(root), errStopped) {
+					stopped.Add(1)
+				} else {
+					errs.add(err)
+				}
 				return
 			}
 			holds[i].Acquired = time.Now().UnixNano()
@@ -188,10 +203,14 @@ func runWorker(in *bufio.Scanner, enc *lockedEncoder) error {
 			res.Holds = append(res.Holds, holds[i])
 		}
 	}
+	res.Stopped = int(stopped.Load())
 	res.Errors = int(errs.n.Load())
 	res.FirstError = errs.first
 	return enc.Encode(workerMessage{Done: &res})
 }
+
+// errStopped is the cause of the waiters' context after "stop".
+var errStopped = errors.New("bench: drain cap reached")
 
 // progressEvery is how often a worker reports its acquisitions so far.
 const progressEvery = 200 * time.Millisecond

@@ -12,11 +12,15 @@
 --        owner heads the queue; -1 when the lock has no expiry), or 1 for a single try
 --        that failed.
 --
--- Deadlines (as Redisson's): a queued owner's deadline is the one ahead of it plus
--- the wait allowance. Unlike Redisson, a queued owner that asks again refreshes its
--- own deadline to at least now + allowance, and moving everyone up one place never
--- lowers a deadline below now + allowance: a live waiter that keeps asking never
--- loses its place, and a gone one loses it an allowance after it stopped asking.
+-- Deadlines: a queued owner's deadline starts, as in Redisson, as the one ahead of it
+-- plus the wait allowance. Two differences keep every grant O(1) and live waiters in
+-- place, and stay readable by Redisson (which only compares deadlines with now):
+--   * a queued owner that asks again refreshes its own deadline to at least
+--     now + allowance, so a live waiter never loses its place;
+--   * when the head takes the lock, only the new head's deadline is brought down to
+--     at most now + allowance (Redisson lowers every deadline behind by one
+--     allowance: O(waiters) per grant). Only heads are ever purged, so a gone waiter
+--     still loses its place one allowance after it reaches the head.
 local now = tonumber(ARGV[4])
 local wait = tonumber(ARGV[3])
 
@@ -43,10 +47,10 @@ if redis.call('exists', KEYS[1]) == 0 then
         if head == ARGV[2] then
             redis.call('lpop', KEYS[2])
             redis.call('zrem', KEYS[3], ARGV[2])
-            -- everyone behind moves up one place: their allowance shrinks by one wait
-            local rest = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES')
-            for i = 1, #rest, 2 do
-                redis.call('zadd', KEYS[3], math.max(tonumber(rest[i + 1]) - wait, math.min(tonumber(rest[i + 1]), now + wait)), rest[i])
+            -- the next one heads the queue now: it has one allowance to take its turn
+            local next = redis.call('lindex', KEYS[2], 0)
+            if next ~= false then
+                redis.call('zadd', KEYS[3], 'LT', now + wait, next)
             end
         end
         redis.call('hset', KEYS[1], ARGV[2], 1)

@@ -44,9 +44,11 @@ local head = redis.call('lindex', KEYS[2], 0)
 if head == ARGV[3] then
     redis.call('lpop', KEYS[2])
     redis.call('zrem', KEYS[3], ARGV[3])
-    local rest = redis.call('zrange', KEYS[3], 0, -1, 'WITHSCORES')
-    for i = 1, #rest, 2 do
-        redis.call('zadd', KEYS[3], math.max(tonumber(rest[i + 1]) - wait, math.min(tonumber(rest[i + 1]), now + wait)), rest[i])
+    -- the next one heads the queue now: it has one allowance to take its turn (see
+    -- fair_acquire.lua)
+    local next = redis.call('lindex', KEYS[2], 0)
+    if next ~= false then
+        redis.call('zadd', KEYS[3], 'LT', now + wait, next)
     end
     redis.call('hset', KEYS[1], ARGV[3], 1)
     redis.call('pexpire', KEYS[1], ARGV[4])

@@ -217,7 +217,7 @@ func TestFairAcquire(t *testing.T) {
 		{name: "head one ms before its deadline is not purged", queue: "B:+1001 C:+30000", owner: "C", at: 1_000,
 			want: "1", wantQueue: "B:+1001 C:+30000"},
 		{name: "stale heads purged in a row", queue: "B:+500 C:+1000 D:+30000 E:+35000", owner: "D", at: 1_000,
-			want: "nil", wantHash: "D=1", wantQueue: "E:+30000", wantLease: lease},
+			want: "nil", wantHash: "D=1", wantQueue: "E:+6000", wantLease: lease}, // E heads now: at most now + allowance
 		{name: "stale head purged while held: newcomer waits the PTTL", hash: "A=1", queue: "B:+1000", owner: "C",
 			at: 1_000, want: "pttl", wantHash: "A=1", wantQueue: "C:+%d"},
 		{name: "only heads are purged", hash: "A=1", queue: "B:+25000 C:+500", owner: "A", at: 1_000,
@@ -233,13 +233,15 @@ func TestFairAcquire(t *testing.T) {
 			want: "1", wantQueue: "X:+25000"},
 		{name: "single try, reentry", hash: "B=1", owner: "B", single: true, want: "nil", wantHash: "B=2", wantLease: lease},
 		{name: "single try by the head of a free lock", queue: "B:+25000 C:+30000", owner: "B", single: true,
-			want: "nil", wantHash: "B=1", wantQueue: "C:+25000", wantLease: lease},
+			want: "nil", wantHash: "B=1", wantQueue: "C:+5000", wantLease: lease},
 
 		// moving up on acquisition
-		{name: "acquisition moves everyone up by one allowance", queue: "B:+20000 C:+25000 D:+40000", owner: "B",
-			want: "nil", wantHash: "B=1", wantQueue: "C:+20000 D:+35000", wantLease: lease},
-		{name: "moving up never goes below now + allowance", queue: "B:+20000 C:+7000 D:+9000 E:+30000",
-			owner: "B", at: 1_000, want: "nil", wantHash: "B=1", wantQueue: "C:+6000 D:+6000 E:+25000", wantLease: lease},
+		// O(1) per grant: only the new head's deadline comes down, to at most now +
+		// allowance; the deadlines behind it stay (Redisson lowers them all).
+		{name: "acquisition caps only the new head's deadline", queue: "B:+20000 C:+25000 D:+40000", owner: "B",
+			want: "nil", wantHash: "B=1", wantQueue: "C:+5000 D:+40000", wantLease: lease},
+		{name: "a new head's deadline is never raised", queue: "B:+20000 C:+3000 D:+9000 E:+30000",
+			owner: "B", at: 1_000, want: "nil", wantHash: "B=1", wantQueue: "C:+3000 D:+9000 E:+30000", wantLease: lease},
 		{name: "acquisition without a queue touches no deadline", owner: "B", queue: "~Z:+90000",
 			want: "nil", wantHash: "B=1", wantQueue: "~Z:+90000", wantLease: lease},
 	}
@@ -286,11 +288,12 @@ func TestFairSequence(t *testing.T) {
 	// C, woken by nobody, tries: the lock is free but B heads the queue.
 	wantReply(t, "C tries", e.fairAcquire(t, f, "C", 40, false), strconv.FormatInt(ttlB+wait-40, 10))
 	wantReply(t, "B acquires", e.fairAcquire(t, f, "B", 50, false), "nil")
-	e.wantQueue(t, f, fmt.Sprintf("C:%+d D:%+d", ttlB+wait, ttlB+2*wait))
+	// C heads the queue now: its deadline comes down to now + allowance; D's stays.
+	e.wantQueue(t, f, fmt.Sprintf("C:%+d D:%+d", 50+wait, ttlB+3*wait))
 
-	// C gives up; D moves up and, with the lock held, nobody is woken.
+	// C gives up; D moves up one allowance and, with the lock held, nobody is woken.
 	wantReply(t, "C leaves", e.run(t, scripts.FairLeave, f.keys4(), "C", strconv.Itoa(wait), unlockMsg, at(60)), "1")
-	e.wantQueue(t, f, fmt.Sprintf("D:%+d", ttlB+wait))
+	e.wantQueue(t, f, fmt.Sprintf("D:%+d", ttlB+2*wait))
 	w.want(t)
 
 	// B hands the lock to D, the head.
@@ -381,7 +384,7 @@ func TestFairHandoff(t *testing.T) {
 	// A releases; R is the local waiter it would hand the lock to.
 	cases := []fairCase{
 		{name: "receiver heads the queue", hash: "A=1", queue: "R:+20000 X:+25000", owner: "A",
-			want: "2", wantHash: "R=1", wantQueue: "X:+20000", wantLease: leaseB},
+			want: "2", wantHash: "R=1", wantQueue: "X:+5000", wantLease: leaseB},
 		{name: "receiver heads the queue, floor on moving up", hash: "A=1", queue: "R:+20000 X:+7000", owner: "A",
 			at: 1_000, want: "2", wantHash: "R=1", wantQueue: "X:+6000", wantLease: leaseB},
 		{name: "someone else heads the queue: released, head woken", hash: "A=1", queue: "X:+20000 R:+25000", owner: "A",
@@ -456,18 +459,19 @@ func TestFairMoveUpKeepsGoneWaitersDeadline(t *testing.T) {
 		move     func(t *testing.T, f fair)
 		holder   string // the lock's hash after the move
 		leaseNow int64  // its PTTL after the move
+		d        int64  // D's deadline after the move: grants leave it, a leave moves it up
 	}{
 		{name: "fair_acquire", move: func(t *testing.T, f fair) {
 			wantReply(t, "B acquires", e.fairAcquire(t, f, "B", 1_000, false), "nil")
-		}, holder: "B=1", leaseNow: lease},
+		}, holder: "B=1", leaseNow: lease, d: 30_000},
 		{name: "fair_handoff", hash: "A=1", move: func(t *testing.T, f fair) {
 			wantReply(t, "A hands off to B", e.run(t, scripts.FairHandoff, f.keys4(),
 				"A", strconv.Itoa(lease), "B", strconv.Itoa(leaseB), strconv.Itoa(wait), at(1_000), unlockMsg), "2")
-		}, holder: "B=1", leaseNow: leaseB},
+		}, holder: "B=1", leaseNow: leaseB, d: 30_000},
 		{name: "fair_leave", hash: "A=1", move: func(t *testing.T, f fair) {
 			wantReply(t, "B leaves", e.run(t, scripts.FairLeave, f.keys4(),
 				"B", strconv.Itoa(wait), unlockMsg, at(1_000)), "1")
-		}, holder: "A=1", leaseNow: defaultPTTL},
+		}, holder: "A=1", leaseNow: defaultPTTL, d: 25_000},
 	}
 	for i, mv := range moves {
 		for j, cDeadline := range []int64{3_000, 500} {
@@ -477,14 +481,14 @@ func TestFairMoveUpKeepsGoneWaitersDeadline(t *testing.T) {
 				e.setQueue(t, f, fmt.Sprintf("B:+20000 C:%+d D:+30000", cDeadline))
 				mv.move(t, f)
 				e.wantHash(t, f.name, mv.holder)
-				if got, want := e.queueState(t, f), fmt.Sprintf("C:%+d D:+25000", cDeadline); got != want {
+				if got, want := e.queueState(t, f), fmt.Sprintf("C:%+d D:%+d", cDeadline, mv.d); got != want {
 					t.Errorf("after B moved out: queue = %q, want %q (C's deadline must not be raised)", got, want)
 				}
 				// D asks when C's deadline has passed: C is purged, D heads the queue
 				// and waits for the lock's PTTL.
 				rep := e.fairAcquire(t, f, "D", max(cDeadline, 1_000), false)
 				wantIntIn(t, "D asks after C's deadline", rep, mv.leaseNow-pttlSlack, mv.leaseNow)
-				e.wantQueue(t, f, "D:+25000")
+				e.wantQueue(t, f, fmt.Sprintf("D:%+d", mv.d))
 			})
 		}
 	}
