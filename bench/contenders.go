@@ -85,7 +85,7 @@ var allKinds = []contenderKind{
 		// fair_acquire/fair_release/fair_handoff/fair_leave/fair_force_release.lua,
 		// plus lock_release_owner.lua and lock_renew.lua, which serve both lock kinds.
 		scriptOnly: []string{"exists", "hexists", "hincrby", "hset", "hdel", "hlen", "pexpire", "pttl", "del", "publish",
-			"lindex", "llen", "lpop", "lpos", "lrange", "lrem", "rpush", "zadd", "zrange", "zrem", "zscore"},
+			"lindex", "llen", "lpop", "lpos", "lrange", "lrem", "rpush", "zadd", "zrem", "zscore"},
 		// The fair lock is compared where waiting and handing off are measured; B
 		// (nobody waits), F and G stay with leash's Mutex.
 		scenarios: "ACD",
