@@ -254,21 +254,8 @@ func (m *machine) attemptRefused(w *waiter, ttl time.Duration, now time.Time) {
 	l := w.lock
 	l.backoff = 0
 	l.backingOff = false
-	switch {
-	case w.cancelErr != nil:
-		m.finish(w, w.cancelErr)
+	if m.settleRefusal(w) {
 		return
-	case w.oneShot || w.expired:
-		m.finish(w, ErrNotAcquired)
-		return
-	}
-	if w.direct {
-		// A holder re-entering was refused: its hold is gone on the server (expired,
-		// deleted, force-released elsewhere), so the hold is lost, and the waiter
-		// waits like anyone else now.
-		w.direct = false
-		m.loseStaleHold(l, w.owner)
-		l.queue.push(w)
 	}
 	if l.queue.head != w {
 		return
@@ -335,6 +322,27 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 	case l.fair == nil:
 		m.park(l, m.leaseOf(w.lease), now)
 	}
+}
+
+// settleRefusal answers a refused waiter that cannot wait any more (cancelled, a
+// single try, out of time) and reports whether it did. A holder whose re-entry was
+// refused has lost the lock on the server (expired, deleted, force-released
+// elsewhere): its stale hold ends, and it waits like anyone else.
+func (m *machine) settleRefusal(w *waiter) bool {
+	switch {
+	case w.cancelErr != nil:
+		m.finish(w, w.cancelErr)
+		return true
+	case w.oneShot || w.expired:
+		m.finish(w, ErrNotAcquired)
+		return true
+	}
+	if w.direct {
+		w.direct = false
+		m.loseStaleHold(w.lock, w.owner)
+		w.lock.queue.push(w)
+	}
+	return false
 }
 
 // undoAmbiguous follows an acquire that failed with a transport error, and that the

@@ -143,18 +143,8 @@ func (m *machine) fairRefused(w *waiter, ttl time.Duration, now time.Time) {
 	if !w.oneShot {
 		w.enqueued = true
 	}
-	switch {
-	case w.cancelErr != nil:
-		m.finish(w, w.cancelErr)
+	if m.settleRefusal(w) {
 		return
-	case w.oneShot || w.expired:
-		m.finish(w, ErrNotAcquired)
-		return
-	}
-	if w.direct {
-		w.direct = false
-		m.loseStaleHold(l, w.owner)
-		l.queue.push(w)
 	}
 	m.subscribe(l)
 	d := m.fairRetryDelay(ttl)
