@@ -17,7 +17,7 @@ import (
 func TestFairReentrancy(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
-	c := fairClient(t, srv, lockapi.Options{})
+	c := newClient(t, srv, lockapi.Options{})
 	m := c.FairMutex(name)
 	ctx := fairCtx(t, 10*time.Second)
 
@@ -29,7 +29,7 @@ func TestFairReentrancy(t *testing.T) {
 	if n, err := m.HoldCount(ctx); err != nil || n != 2 {
 		t.Fatalf("HoldCount after two Locks = %d, %v; want 2", n, err)
 	}
-	fields := strings.Split(fairDo(t, srv, "HGETALL", name), "\n")
+	fields := strings.Split(do(t, srv, "HGETALL", name), "\n")
 	if len(fields) != 2 || !strings.HasPrefix(fields[0], c.ID()+":") || fields[1] != "2" {
 		t.Fatalf("lock hash = %q, want one field <client id>:<owner> = 2", fields)
 	}
@@ -69,8 +69,8 @@ func TestFairReentrancy(t *testing.T) {
 func TestFairSingleTryNeverQueues(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
-	ch := fairClient(t, srv, lockapi.Options{})
-	co := fairClient(t, srv, lockapi.Options{})
+	ch := newClient(t, srv, lockapi.Options{})
+	co := newClient(t, srv, lockapi.Options{})
 	ctx := fairCtx(t, 10*time.Second)
 
 	holder := ch.FairMutex(name)
@@ -82,9 +82,9 @@ func TestFairSingleTryNeverQueues(t *testing.T) {
 		if ok || err != nil {
 			t.Fatalf("TryLock(0, 0) while held = %v, %v; want false, nil", ok, err)
 		}
-		if got := fairDo(t, srv, "EXISTS", fairQueueKey(name), fairTimeoutKey(name)); got != "0" {
+		if got := do(t, srv, "EXISTS", fairQueueKey(name), fairTimeoutKey(name)); got != "0" {
 			t.Fatalf("a single try queued: queue %q, deadlines %q", fairList(t, srv, fairQueueKey(name)),
-				fairDo(t, srv, "ZRANGE", fairTimeoutKey(name), "0", "-1", "WITHSCORES"))
+				do(t, srv, "ZRANGE", fairTimeoutKey(name), "0", "-1", "WITHSCORES"))
 		}
 	}
 	if err := holder.Unlock(ctx); err != nil {
@@ -107,8 +107,8 @@ func TestFairLostOnLeaseExpiry(t *testing.T) {
 	const lease = 300 * time.Millisecond
 	srv := testredis.New(t)
 	name := fairName(t, "")
-	ch := fairClient(t, srv, lockapi.Options{})
-	cw := fairClient(t, srv, lockapi.Options{})
+	ch := newClient(t, srv, lockapi.Options{})
+	cw := newClient(t, srv, lockapi.Options{})
 
 	m := ch.FairMutex(name)
 	start := time.Now()
@@ -155,8 +155,8 @@ func TestFairLostOnLeaseExpiry(t *testing.T) {
 func TestFairForceUnlockWakesHead(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
-	ch := fairClient(t, srv, lockapi.Options{})
-	cw := fairClient(t, srv, lockapi.Options{})
+	ch := newClient(t, srv, lockapi.Options{})
+	cw := newClient(t, srv, lockapi.Options{})
 
 	holder := ch.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
@@ -206,7 +206,7 @@ func TestFairForceUnlockWakesHead(t *testing.T) {
 // ErrInvalidArgument and send nothing that changes the lock.
 func TestFairKindMismatch(t *testing.T) {
 	srv := testredis.New(t)
-	c := fairClient(t, srv, lockapi.Options{})
+	c := newClient(t, srv, lockapi.Options{})
 	ctx := fairCtx(t, 10*time.Second)
 	for i, firstFair := range []bool{false, true} {
 		name := fairName(t, strconv.Itoa(i))
@@ -217,7 +217,7 @@ func TestFairKindMismatch(t *testing.T) {
 		if err := first.Lock(ctx); err != nil {
 			t.Fatalf("first kind (fair %v) Lock: %v", firstFair, err)
 		}
-		before := fairDo(t, srv, "HGETALL", name)
+		before := do(t, srv, "HGETALL", name)
 
 		if err := second.Lock(ctx); !errors.Is(err, lockapi.ErrInvalidArgument) {
 			t.Errorf("fair %v held; other kind's Lock = %v, want ErrInvalidArgument", firstFair, err)
@@ -234,10 +234,10 @@ func TestFairKindMismatch(t *testing.T) {
 		if err := second.Unlock(ctx); err == nil {
 			t.Errorf("fair %v held; other kind's Unlock succeeded", firstFair)
 		}
-		if after := fairDo(t, srv, "HGETALL", name); after != before {
+		if after := do(t, srv, "HGETALL", name); after != before {
 			t.Errorf("fair %v held; the other kind's calls changed the lock hash from %q to %q", firstFair, before, after)
 		}
-		if got := fairDo(t, srv, "EXISTS", fairQueueKey(name), fairTimeoutKey(name)); got != "0" {
+		if got := do(t, srv, "EXISTS", fairQueueKey(name), fairTimeoutKey(name)); got != "0" {
 			t.Errorf("fair %v held; the other kind's calls left a queue", firstFair)
 		}
 		if n, err := first.HoldCount(ctx); err != nil || n != 1 {
@@ -256,8 +256,8 @@ func TestFairKindMismatch(t *testing.T) {
 func TestFairReentryWhileQueued(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
-	ch := fairClient(t, srv, lockapi.Options{})
-	cw := fairClient(t, srv, lockapi.Options{})
+	ch := newClient(t, srv, lockapi.Options{})
+	cw := newClient(t, srv, lockapi.Options{})
 
 	holder := ch.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {

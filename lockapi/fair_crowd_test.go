@@ -27,7 +27,7 @@ func TestFairThousandWaitersFourProcesses(t *testing.T) {
 	name := fairName(t, "")
 	result, queue := name+":result", fairQueueKey(name)
 
-	c := fairClient(t, srv, lockapi.Options{})
+	c := newClient(t, srv, lockapi.Options{})
 	holder := c.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
 		t.Fatalf("holder Lock: %v", err)
@@ -45,7 +45,7 @@ func TestFairThousandWaitersFourProcesses(t *testing.T) {
 	fairWaitLen(t, srv, queue, total, 40*time.Second)
 	enqueueTime := time.Since(enqueueStart)
 	order := fairList(t, srv, queue)
-	if n := fairDo(t, srv, "ZCARD", fairTimeoutKey(name)); n != strconv.Itoa(total) {
+	if n := do(t, srv, "ZCARD", fairTimeoutKey(name)); n != strconv.Itoa(total) {
 		t.Fatalf("ZCARD of the deadline set = %s, want %d", n, total)
 	}
 	if got := fairLen(t, srv, result); got != 0 {

@@ -60,32 +60,10 @@ func fairName(t *testing.T, tag string) string {
 	return name
 }
 
-// fairClient connects a lockapi client to srv, closed when the test ends.
-func fairClient(t *testing.T, srv *testredis.Server, opts lockapi.Options) *lockapi.Client {
-	t.Helper()
-	opts.Addrs = []string{srv.Addr()}
-	c, err := lockapi.New(opts)
-	if err != nil {
-		t.Fatalf("lockapi.New: %v", err)
-	}
-	t.Cleanup(func() { c.Close() })
-	return c
-}
-
-// fairDo runs a raw command and fails the test on an error reply.
-func fairDo(t *testing.T, srv *testredis.Server, args ...string) string {
-	t.Helper()
-	got, err := srv.Do(args...)
-	if err != nil {
-		t.Fatalf("redis %q: %v", args, err)
-	}
-	return got
-}
-
 // fairList returns a list's elements (LRANGE 0 -1).
 func fairList(t *testing.T, srv *testredis.Server, key string) []string {
 	t.Helper()
-	got := fairDo(t, srv, "LRANGE", key, "0", "-1")
+	got := do(t, srv, "LRANGE", key, "0", "-1")
 	if got == "" {
 		return nil
 	}
@@ -95,7 +73,7 @@ func fairList(t *testing.T, srv *testredis.Server, key string) []string {
 // fairLen returns LLEN key.
 func fairLen(t *testing.T, srv *testredis.Server, key string) int {
 	t.Helper()
-	n, err := strconv.Atoi(fairDo(t, srv, "LLEN", key))
+	n, err := strconv.Atoi(do(t, srv, "LLEN", key))
 	if err != nil {
 		t.Fatalf("LLEN %s: %v", key, err)
 	}
@@ -105,7 +83,7 @@ func fairLen(t *testing.T, srv *testredis.Server, key string) int {
 // fairScore returns ZSCORE key member in ms, and whether the member exists.
 func fairScore(t *testing.T, srv *testredis.Server, key, member string) (int64, bool) {
 	t.Helper()
-	got := fairDo(t, srv, "ZSCORE", key, member)
+	got := do(t, srv, "ZSCORE", key, member)
 	if got == "" {
 		return 0, false
 	}
@@ -179,10 +157,10 @@ func fairStillWaiting(ch <-chan error, d time.Duration) (bool, error) {
 // fairMustBeClean asserts the lock, its queue and its deadline set are all gone.
 func fairMustBeClean(t *testing.T, srv *testredis.Server, name string) {
 	t.Helper()
-	if got := fairDo(t, srv, "EXISTS", name, fairQueueKey(name), fairTimeoutKey(name)); got != "0" {
+	if got := do(t, srv, "EXISTS", name, fairQueueKey(name), fairTimeoutKey(name)); got != "0" {
 		t.Errorf("keys left behind: EXISTS = %s (lock %q, queue %q, deadlines %q)", got,
-			fairDo(t, srv, "HGETALL", name), fairList(t, srv, fairQueueKey(name)),
-			fairDo(t, srv, "ZRANGE", fairTimeoutKey(name), "0", "-1", "WITHSCORES"))
+			do(t, srv, "HGETALL", name), fairList(t, srv, fairQueueKey(name)),
+			do(t, srv, "ZRANGE", fairTimeoutKey(name), "0", "-1", "WITHSCORES"))
 	}
 }
 

@@ -135,14 +135,14 @@ func (f *fairForeign) now() string { return strconv.FormatInt(time.Now().UnixMil
 // acquire runs the acquire script: "" when held, else the wait in ms as text.
 func (f *fairForeign) acquire(t *testing.T, name string, lease time.Duration) string {
 	t.Helper()
-	return fairDo(t, f.srv, "EVAL", fairForeignAcquire, "3", name, fairQueueKey(name), fairTimeoutKey(name),
+	return do(t, f.srv, "EVAL", fairForeignAcquire, "3", name, fairQueueKey(name), fairTimeoutKey(name),
 		strconv.FormatInt(lease.Milliseconds(), 10), f.owner, strconv.FormatInt(f.wait.Milliseconds(), 10), f.now())
 }
 
 // release runs the release script.
 func (f *fairForeign) release(t *testing.T, name string, lease time.Duration) string {
 	t.Helper()
-	return fairDo(t, f.srv, "EVAL", fairForeignRelease, "4", name, fairQueueKey(name), fairTimeoutKey(name), fairChannel(name),
+	return do(t, f.srv, "EVAL", fairForeignRelease, "4", name, fairQueueKey(name), fairTimeoutKey(name), fairChannel(name),
 		"0", strconv.FormatInt(lease.Milliseconds(), 10), f.owner, f.now())
 }
 
@@ -174,7 +174,7 @@ func (f *fairForeign) listen(t *testing.T, name string) <-chan string {
 		rc.Close()
 	})
 	fairWaitFor(t, 5*time.Second, "the foreign subscription", func() bool {
-		return fairDo(t, f.srv, "PUBSUB", "NUMSUB", ch) == ch+"\n1"
+		return do(t, f.srv, "PUBSUB", "NUMSUB", ch) == ch+"\n1"
 	})
 	return msgs
 }
@@ -189,7 +189,7 @@ func TestFairInteropForeignRedisson(t *testing.T) {
 	name := fairName(t, "")
 	order := name + ":order"
 	const allowance = 5 * time.Minute
-	c := fairClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
+	c := newClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
 	foreign := newFairForeign(t, srv, allowance)
 	notes := foreign.listen(t, name)
 
@@ -197,7 +197,7 @@ func TestFairInteropForeignRedisson(t *testing.T) {
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
 		t.Fatalf("holder Lock: %v", err)
 	}
-	fairDo(t, srv, "RPUSH", order, "leash-holder")
+	do(t, srv, "RPUSH", order, "leash-holder")
 
 	ttlText := foreign.acquire(t, name, 30*time.Second)
 	ttl, err := strconv.ParseInt(ttlText, 10, 64)
@@ -233,9 +233,9 @@ func TestFairInteropForeignRedisson(t *testing.T) {
 	}
 	if r := foreign.acquire(t, name, 30*time.Second); r != "" {
 		t.Fatalf("foreign acquire after the notice = %q, want nil (held); queue %q, hash %q", r,
-			fairList(t, srv, fairQueueKey(name)), fairDo(t, srv, "HGETALL", name))
+			fairList(t, srv, fairQueueKey(name)), do(t, srv, "HGETALL", name))
 	}
-	fairDo(t, srv, "RPUSH", order, "foreign")
+	do(t, srv, "RPUSH", order, "foreign")
 	if still, err := fairStillWaiting(got, 200*time.Millisecond); !still {
 		t.Fatalf("the leash waiter's Lock returned %v while the foreign client holds the lock", err)
 	}
@@ -259,8 +259,8 @@ func TestFairInteropForeignRedisson(t *testing.T) {
 		t.Fatalf("leash waiter Lock: %v", err)
 	}
 	wake := time.Since(released)
-	fairDo(t, srv, "RPUSH", order, "leash-waiter")
-	if hk := fairDo(t, srv, "HKEYS", name); hk != waiterField {
+	do(t, srv, "RPUSH", order, "leash-waiter")
+	if hk := do(t, srv, "HKEYS", name); hk != waiterField {
 		t.Errorf("lock hash fields = %q, want the waiter's %q", hk, waiterField)
 	}
 	if err := waiter.Unlock(fairCtx(t, 5*time.Second)); err != nil {

@@ -47,8 +47,8 @@ func TestFairCancelledWaiterLeavesQueue(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
 	deadlines := fairTimeoutKey(name)
-	ch := fairClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
-	cw := fairClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
+	ch := newClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
+	cw := newClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
 
 	holder := ch.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
@@ -119,8 +119,8 @@ func TestFairTryLockTimeoutLeavesQueue(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
 	deadlines := fairTimeoutKey(name)
-	ch := fairClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
-	cw := fairClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
+	ch := newClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
+	cw := newClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
 
 	holder := ch.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
@@ -185,7 +185,7 @@ func TestFairKilledWaiterSkipped(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
 	ready := name + ":ready"
-	c := fairClient(t, srv, lockapi.Options{FairWaitTimeout: allowance, WatchdogTimeout: time.Second})
+	c := newClient(t, srv, lockapi.Options{FairWaitTimeout: allowance, WatchdogTimeout: time.Second})
 
 	holder := c.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
@@ -193,7 +193,7 @@ func TestFairKilledWaiterSkipped(t *testing.T) {
 	}
 	p := startFairHelper(t, "dead", envFairAddr+"="+srv.Addr(), envFairLock+"="+name,
 		envFairReady+"="+ready, envFairWait+"="+allowance.String())
-	fairWaitFor(t, 30*time.Second, "the helper's waiter to queue", func() bool { return fairDo(t, srv, "GET", ready) == "1" })
+	fairWaitFor(t, 30*time.Second, "the helper's waiter to queue", func() bool { return do(t, srv, "GET", ready) == "1" })
 	q := fairList(t, srv, fairQueueKey(name))
 	if len(q) != 1 {
 		t.Fatalf("queue with the helper's waiter = %q", q)
@@ -218,7 +218,7 @@ func TestFairKilledWaiterSkipped(t *testing.T) {
 	err, ok := fairRecv(got, 6*time.Second)
 	if !ok {
 		t.Fatalf("the waiter behind the killed one has not got the lock 6s after the release; queue %q, deadlines %q",
-			fairList(t, srv, fairQueueKey(name)), fairDo(t, srv, "ZRANGE", fairTimeoutKey(name), "0", "-1", "WITHSCORES"))
+			fairList(t, srv, fairQueueKey(name)), do(t, srv, "ZRANGE", fairTimeoutKey(name), "0", "-1", "WITHSCORES"))
 	}
 	if err != nil {
 		t.Fatalf("waiter Lock: %v", err)
@@ -248,8 +248,8 @@ func TestFairAskAgainAfterTryLockStaysQueued(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
 	queue := fairQueueKey(name)
-	ch := fairClient(t, srv, lockapi.Options{})
-	cw := fairClient(t, srv, lockapi.Options{})
+	ch := newClient(t, srv, lockapi.Options{})
+	cw := newClient(t, srv, lockapi.Options{})
 
 	holder := ch.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
@@ -278,7 +278,7 @@ func TestFairAskAgainAfterTryLockStaysQueued(t *testing.T) {
 		if !queued {
 			t.Errorf("round %d: the handle asked again right after its TryLock ran out; its Acquire is pending, "+
 				"but its field is not in the Redis queue (queue %q, deadlines %q): the first request's leave removed the second's entry",
-				round, fairList(t, srv, queue), fairDo(t, srv, "ZRANGE", fairTimeoutKey(name), "0", "-1", "WITHSCORES"))
+				round, fairList(t, srv, queue), do(t, srv, "ZRANGE", fairTimeoutKey(name), "0", "-1", "WITHSCORES"))
 			// What it costs: the holder's release notifies nobody; the waiter sleeps until
 			// its own retry timer (up to the holder's lease at the time it queued).
 			released := time.Now()
@@ -316,9 +316,9 @@ func TestFairAskAgainAfterTryLockStaysQueued(t *testing.T) {
 func TestFairCloseLeavesQueue(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
-	ch := fairClient(t, srv, lockapi.Options{})
-	cx := fairClient(t, srv, lockapi.Options{})
-	cw := fairClient(t, srv, lockapi.Options{})
+	ch := newClient(t, srv, lockapi.Options{})
+	cx := newClient(t, srv, lockapi.Options{})
+	cw := newClient(t, srv, lockapi.Options{})
 
 	holder := ch.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {

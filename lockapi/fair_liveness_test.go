@@ -23,8 +23,8 @@ func TestFairHeadWaiterDoesNotPollDuringLongHold(t *testing.T) {
 	)
 	srv := testredis.New(t)
 	name := fairName(t, "")
-	ch := fairClient(t, srv, lockapi.Options{WatchdogTimeout: lease})
-	cw := fairClient(t, srv, lockapi.Options{}) // default allowance, 5 min: nobody is purged here
+	ch := newClient(t, srv, lockapi.Options{WatchdogTimeout: lease})
+	cw := newClient(t, srv, lockapi.Options{}) // default allowance, 5 min: nobody is purged here
 
 	holder := ch.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
@@ -76,9 +76,9 @@ func TestFairLiveWaitersKeepTheirPlace(t *testing.T) {
 	)
 	srv := testredis.New(t)
 	name := fairName(t, "")
-	ch := fairClient(t, srv, lockapi.Options{FairWaitTimeout: allowance, WatchdogTimeout: lease})
-	ca := fairClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
-	cb := fairClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
+	ch := newClient(t, srv, lockapi.Options{FairWaitTimeout: allowance, WatchdogTimeout: lease})
+	ca := newClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
+	cb := newClient(t, srv, lockapi.Options{FairWaitTimeout: allowance})
 
 	holder := ch.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
@@ -153,8 +153,8 @@ func TestFairWaiterDoesNotPollBehindPersistentKey(t *testing.T) {
 	srv := testredis.New(t)
 	name := fairName(t, "")
 	foreign := newFairForeign(t, srv, lockapi.DefaultFairWaitTimeout)
-	fairDo(t, srv, "HSET", name, foreign.owner, "1") // held, no expiry
-	cw := fairClient(t, srv, lockapi.Options{})
+	do(t, srv, "HSET", name, foreign.owner, "1") // held, no expiry
+	cw := newClient(t, srv, lockapi.Options{})
 
 	waiter := cw.FairMutex(name)
 	got, _ := fairEnqueue(t, srv, waiter, fairCtx(t, 30*time.Second), 1)

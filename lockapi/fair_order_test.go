@@ -26,7 +26,7 @@ func TestFairOrderAcrossProcesses(t *testing.T) {
 	result, queue := name+":result", fairQueueKey(name)
 	cmds := [2]string{name + ":cmds:0", name + ":cmds:1"}
 
-	c := fairClient(t, srv, lockapi.Options{})
+	c := newClient(t, srv, lockapi.Options{})
 	holder := c.FairMutex(name)
 	if err := holder.Lock(fairCtx(t, 5*time.Second)); err != nil {
 		t.Fatalf("holder Lock: %v", err)
@@ -39,11 +39,11 @@ func TestFairOrderAcrossProcesses(t *testing.T) {
 			envFairResult+"="+result, envFairAgain+"=0")
 	}
 	for k := range waiters {
-		fairDo(t, srv, "RPUSH", cmds[k%2], strconv.Itoa(k))
+		do(t, srv, "RPUSH", cmds[k%2], strconv.Itoa(k))
 		fairWaitLen(t, srv, queue, k+1, 30*time.Second) // the first helper start includes a process start
 	}
 	for _, cmd := range cmds {
-		fairDo(t, srv, "RPUSH", cmd, "stop")
+		do(t, srv, "RPUSH", cmd, "stop")
 	}
 	if got := fairLen(t, srv, result); got != 0 {
 		t.Fatalf("%d waiters got the lock while the parent held it", got)
@@ -78,7 +78,7 @@ func TestFairReleaserRequeuesInProcess(t *testing.T) {
 	const waiters = 5
 	srv := testredis.New(t)
 	name := fairName(t, "")
-	c := fairClient(t, srv, lockapi.Options{})
+	c := newClient(t, srv, lockapi.Options{})
 	result := name + ":result"
 
 	holder := c.FairMutex(name)
