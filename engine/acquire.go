@@ -180,7 +180,7 @@ func (m *machine) disarmRetry(l *lockState) {
 // localHoldTTL is how long until the earliest local hold of l could expire.
 func (m *machine) localHoldTTL(l *lockState, now time.Time) time.Duration {
 	ttl := m.cfg.watchdog
-	for _, h := range m.holdsOf(l) {
+	for _, h := range l.holders {
 		ttl = min(ttl, h.expiresAt.Sub(now))
 	}
 	return max(ttl, 0)
@@ -277,7 +277,7 @@ func (m *machine) attemptRefused(w *waiter, ttl time.Duration, now time.Time) {
 func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 	l := w.lock
 	l.wakePending = false
-	if w.inQueue() {
+	if w.queued {
 		l.queue.remove(w)
 	}
 	delete(m.waiters, w.id)
@@ -382,7 +382,7 @@ func (m *machine) queueEmptied(l *lockState) {
 // finish completes a waiter that did not get the lock.
 func (m *machine) finish(w *waiter, err error) {
 	l := w.lock
-	if w.inQueue() {
+	if w.queued {
 		l.queue.remove(w)
 	}
 	delete(m.waiters, w.id)

@@ -41,8 +41,6 @@ type hold struct {
 	receipts []uint64 // grants still watched for an unreceived take-back
 }
 
-func (m *machine) holdsOf(l *lockState) []*hold { return l.holders }
-
 // addHold records a grant: a new hold, or one more count on the owner's hold.
 func (m *machine) addHold(l *lockState, owner uint64, lease time.Duration, sentAt, now time.Time) *hold {
 	key := holdKey{l.id, owner}

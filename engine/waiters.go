@@ -39,8 +39,6 @@ type waiter struct {
 	retryGen uint64 // generation of its retry timer; 0 = none armed
 }
 
-func (w *waiter) inQueue() bool { return w.queued }
-
 // queue is an intrusive FIFO of waiters: O(1) push, pop and removal from the middle
 // (a cancelled waiter leaves at once, wherever it stands).
 //
