@@ -81,10 +81,11 @@ var allKinds = []contenderKind{
 	},
 	{
 		name:  "leash-fair",
-		waits: "Redisson FairLock queue in Redis, per-waiter wake-up, direct local handoff to the queue's head",
-		// fair_acquire/fair_release/fair_handoff/fair_leave/fair_force_release.lua,
-		// plus lock_release_owner.lua and lock_renew.lua, which serve both lock kinds.
-		scriptOnly: []string{"exists", "hexists", "hincrby", "hset", "hdel", "hlen", "pexpire", "pttl", "del", "publish",
+		waits: "Redisson FairLock queue in Redis; the release grants the queue's head directly (any process) and tells it on its own channel",
+		// fair_acquire/fair_release/fair_handoff/fair_leave/fair_force_release.lua
+		// (each starting with fair_lib.lua), plus lock_release_owner.lua and
+		// lock_renew.lua, which serve both lock kinds.
+		scriptOnly: []string{"exists", "hexists", "hincrby", "hset", "hget", "hdel", "hlen", "pexpire", "pttl", "del", "publish",
 			"lindex", "llen", "lpop", "lpos", "lrange", "lrem", "rpush", "zadd", "zrem", "zscore"},
 		// The fair lock is compared where waiting and handing off are measured; B
 		// (nobody waits), F and G stay with leash's Mutex.

@@ -213,7 +213,7 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 	case d.err != nil:
 		m.attemptFailed(w, d.err, now)
 	case l.fair != nil:
-		m.fairRefused(w, time.Duration(d.reply.Int)*time.Millisecond, now)
+		m.fairRefused(w, time.Duration(d.reply.Int)*time.Millisecond, d.sentAt, now)
 	default:
 		m.attemptRefused(w, time.Duration(d.reply.Int)*time.Millisecond, now)
 	}
@@ -444,10 +444,10 @@ func (m *machine) onCancel(msg cancelMsg, now time.Time) {
 }
 
 // onUnlockNotice: one unlock message is one permit for the head waiter to retry.
-func (m *machine) onUnlockNotice(channel string, now time.Time) {
+func (m *machine) onUnlockNotice(channel, payload string, now time.Time) {
 	l := m.lockByChannel[channel]
 	if l == nil {
-		m.fairNotice(channel, now)
+		m.fairNotice(channel, payload, now)
 		return
 	}
 	if l.queue.head == nil || l.fair != nil {

@@ -35,6 +35,20 @@ import (
 //     delete the new queue entry (both use the owner's field).
 //   - A local handoff needs no bound: the script hands over only when the local
 //     waiter is the Redis queue's head, so it never jumps the queue.
+//   - Direct grants (internal/scripts/fair_lib.lua): a queued waiter registers its
+//     lease and id in leash_lock_grants:{name}, and a release whose head registered
+//     gives it the lock in the same call and publishes "leash:grant:<id>" on its
+//     channel. The head then needs no call of its own, so a handoff to another
+//     process costs the release alone, as a local handoff does. Heads that did not
+//     register (Redisson clients) are woken as Redisson expects.
+//   - A grant heard by message was made at some moment the waiter cannot see; the
+//     waiter dates it, safely early, at the send time of its last attempt that found
+//     it still queued. When that date is older than a third of the lease, the waiter
+//     claims the grant with a call instead (fair_acquire renews a hold it did not know
+//     of rather than counting it twice), which dates it afresh.
+//   - At most one local waiter per owner is in the Redis queue (they would share one
+//     entry, and one grant): a second waiter of the same handle waits locally until
+//     the first has the lock, then re-enters.
 //
 // Deadlines in the sorted set are milliseconds on the calling client's wall clock,
 // as Redisson writes them, so hosts sharing a fair lock need synchronized clocks.
@@ -45,6 +59,7 @@ type fairKeys struct {
 	queue   string // redisson_lock_queue:{name}
 	timeout string // redisson_lock_timeout:{name}
 	pattern string // redisson_lock__channel:{name}:<client-id>:*, glob-escaped
+	grants  string // leash_lock_grants:{name}: waiters registered for direct grants
 }
 
 func newFairKeys(lock, clientID string) fairKeys {
@@ -52,6 +67,7 @@ func newFairKeys(lock, clientID string) fairKeys {
 		queue:   "redisson_lock_queue:" + tagged(lock),
 		timeout: "redisson_lock_timeout:" + tagged(lock),
 		pattern: globEscape(channelName(lock)+":"+clientID+":") + "*",
+		grants:  "leash_lock_grants:" + tagged(lock),
 	}
 }
 
@@ -91,20 +107,36 @@ func wallMillis(now time.Time) string { return strconv.FormatInt(now.UnixMilli()
 // join the Redis queue.
 func (m *machine) fairAttempt(w *waiter, now time.Time) {
 	l := w.lock
-	try := "0"
+	try, register := "0", ""
+	lease := m.leaseOf(w.lease)
 	if w.oneShot {
 		try = "1"
+	} else if lease <= m.cfg.fairWait {
+		// A waiter whose process dies after a direct grant holds the lock for its
+		// lease; one whose lease is longer than it would keep its place in the queue
+		// when gone (fairWait) is woken instead, and takes the lock itself.
+		register = millis(lease) + ":" + strconv.FormatUint(w.id, 10)
 	}
 	m.run(scriptCall{
-		script:  scripts.FairAcquire,
-		keys:    []string{l.name, l.fair.queue, l.fair.timeout},
-		args:    []string{millis(m.leaseOf(w.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), wallMillis(now), try},
+		script: scripts.FairAcquire,
+		keys:   []string{l.name, l.fair.queue, l.fair.timeout, l.fair.grants},
+		args: []string{millis(lease), ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), wallMillis(now), try,
+			register, m.claimFlag(l, w.owner)},
 		purpose: purposeAttempt,
 		lock:    l.id,
 		waiter:  w.id,
 		owner:   w.owner,
 		serial:  w.direct,
 	})
+}
+
+// claimFlag is "1" when owner holds nothing on l as far as this engine knows: a
+// hold of owner that a fair script finds is then a direct grant not yet heard of.
+func (m *machine) claimFlag(l *lockState, owner uint64) string {
+	if m.holds[holdKey{l.id, owner}] != nil {
+		return "0"
+	}
+	return "1"
 }
 
 // fairAdvance starts the next attempt of a fair lock, one at a time: first a woken
@@ -117,7 +149,7 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 	var next *waiter
 	for w := l.queue.head; w != nil; w = w.next {
 		if !w.enqueued {
-			if next == nil && l.leaving[w.owner] == 0 {
+			if next == nil && l.leaving[w.owner] == 0 && !m.ownerQueued(l, w.owner) {
 				next = w
 			}
 			break
@@ -135,13 +167,25 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 	m.attempt(next, now)
 }
 
+// ownerQueued reports whether a local waiter of owner is in l's Redis queue.
+func (m *machine) ownerQueued(l *lockState, owner uint64) bool {
+	for w := l.queue.head; w != nil && w.enqueued; w = w.next {
+		if w.owner == owner {
+			return true
+		}
+	}
+	return false
+}
+
 // fairRefused handles a fair_acquire reply that is a wait: w is now in the Redis
-// queue and retries when its timer fires or its channel says so.
-func (m *machine) fairRefused(w *waiter, ttl time.Duration, now time.Time) {
+// queue and retries when its timer fires or its channel says so. sentAt, when the
+// call was sent, is the earliest moment a direct grant to w can have been made.
+func (m *machine) fairRefused(w *waiter, ttl time.Duration, sentAt, now time.Time) {
 	l := w.lock
 	l.backoff = 0
 	if !w.oneShot {
 		w.enqueued = true
+		w.queuedAt = sentAt
 	}
 	if m.settleRefusal(w) {
 		return
@@ -187,8 +231,11 @@ func (m *machine) onFairRetry(key timer.Key, now time.Time) {
 	m.fairAdvance(w.lock, now)
 }
 
+// grantPrefix starts the message of a direct grant: "leash:grant:<waiter id>".
+const grantPrefix = "leash:grant:"
+
 // fairNotice routes a per-waiter message to its waiter.
-func (m *machine) fairNotice(channel string, now time.Time) {
+func (m *machine) fairNotice(channel, payload string, now time.Time) {
 	base, owner, ok := fairOwner(channel, m.cfg.clientID)
 	if !ok {
 		return
@@ -197,14 +244,53 @@ func (m *machine) fairNotice(channel string, now time.Time) {
 	if l == nil || l.fair == nil {
 		return
 	}
-	for w := l.queue.head; w != nil && w.enqueued; w = w.next {
-		if w.owner == owner {
+	if id, ok := strings.CutPrefix(payload, grantPrefix); ok {
+		m.fairGranted(l, owner, id, now)
+		return
+	}
+	// The waiter whose first attempt is in flight (it may have queued, and been
+	// woken, before its reply comes) is the first one not yet enqueued.
+	for w := l.queue.head; w != nil; w = w.next {
+		if w.owner == owner && (w.enqueued || w.attempting) {
 			m.stats.Notices++
 			w.wake = true
 			m.fairAdvance(l, now)
 			return
 		}
+		if !w.enqueued {
+			return
+		}
 	}
+}
+
+// fairGranted takes a direct grant's message. A grant to a waiter that is gone
+// (left: its leave gives the grant back; claimed: its attempt took it) is ignored.
+// One whose attempt is in flight retries after it, and that attempt or the next
+// claims the grant. Otherwise the grant is dated at w.queuedAt (see the top of the
+// file) and recorded, or claimed with a call when that date is too old.
+func (m *machine) fairGranted(l *lockState, owner uint64, idText string, now time.Time) {
+	id, err := strconv.ParseUint(idText, 10, 64)
+	w := m.waiters[id]
+	if err != nil || w == nil || w.lock != l || w.owner != owner || w.direct || !(w.enqueued || w.attempting) {
+		return
+	}
+	m.stats.Notices++
+	if w.attempting || now.Sub(w.queuedAt) > m.leaseOf(w.lease)/3 {
+		// An attempt in flight (even the one that queued w, whose reply may come
+		// after this message) is followed by another, which claims the grant.
+		w.wake = true
+		m.fairAdvance(l, now)
+		return
+	}
+	m.stats.DirectGrants++
+	m.grant(w, w.queuedAt, now)
+	if h := m.holds[holdKey{l.id, owner}]; h != nil {
+		// Dated early for its expiry, but for a force-release's reply it counts as
+		// granted when heard of (see onForceDone).
+		h.grantedAt = now
+	}
+	m.advance(l, now)
+	m.maybeForget(l)
 }
 
 // fairWakeFirst wakes the first local waiter in the Redis queue: after a
@@ -230,8 +316,8 @@ func (m *machine) fairLeave(w *waiter) {
 	l.leaving[w.owner]++
 	m.run(scriptCall{
 		script:  scripts.FairLeave,
-		keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel},
-		args:    []string{ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now)},
+		keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
+		args:    []string{ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), m.claimFlag(l, w.owner)},
 		purpose: purposeLeave,
 		lock:    l.id,
 		owner:   w.owner,

@@ -100,7 +100,7 @@ func (m *machine) handle(msg message, now time.Time) {
 	case timerFired:
 		m.onTimer(msg.key, now)
 	case unlockNotice:
-		m.onUnlockNotice(msg.channel, now)
+		m.onUnlockNotice(msg.channel, msg.payload, now)
 	case resubscribed:
 		m.onResubscribed(now)
 	}
@@ -314,8 +314,12 @@ func isRedisError(err error) bool {
 }
 
 // Stats is a snapshot of the engine's counters, for tests and metrics.
+//
+// DirectGrants counts fair-lock grants made by another client's (or this one's)
+// release and taken from their message, without a call (see fair.go).
 type Stats struct {
 	Acquires, Attempts, Grants, Handoffs, Revoked, Notices uint64
+	DirectGrants                                           uint64
 	ScriptCalls, Renewals, Subscribes                      uint64
 	Waiters, Holds, Locks, Receipts                        int
 }

@@ -43,8 +43,8 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	if l.fair != nil {
 		m.run(scriptCall{
 			script:  scripts.FairRelease,
-			keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel},
-			args:    []string{unlockMessage, millis(m.leaseOf(h.lease)), h.field, wallMillis(now)},
+			keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
+			args:    []string{unlockMessage, millis(m.leaseOf(h.lease)), h.field, wallMillis(now), millis(m.cfg.fairWait)},
 			purpose: purposeUnlock,
 			lock:    l.id,
 			hold:    h.id,
@@ -114,7 +114,7 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	if l.fair != nil {
 		m.run(scriptCall{
 			script: scripts.FairHandoff,
-			keys:   []string{l.name, l.fair.queue, l.fair.timeout, l.channel},
+			keys:   []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
 			args: []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)),
 				millis(m.cfg.fairWait), wallMillis(now), unlockMessage},
 			purpose: purposeHandoff,
@@ -261,7 +261,7 @@ func (m *machine) onForceUnlock(msg forceUnlockMsg, now time.Time) {
 	if l.fair != nil {
 		m.run(scriptCall{
 			script:  scripts.FairForceRelease,
-			keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel},
+			keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
 			args:    []string{unlockMessage, wallMillis(now)},
 			purpose: purposeForce,
 			lock:    l.id,

@@ -2,11 +2,17 @@
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the queue list, redisson_lock_queue:{name}
 -- KEYS[3]  the deadline sorted set, redisson_lock_timeout:{name}
+-- KEYS[4]  the direct-grants hash, leash_lock_grants:{name} (see fair_lib.lua)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner field
 -- ARGV[3]  wait allowance in milliseconds (the fair wait timeout)
 -- ARGV[4]  now, milliseconds since the epoch, from the caller's wall clock
 -- ARGV[5]  "1": a single try that never queues; "0": queue when the lock is taken
+-- ARGV[6]  optional: "<lease ms>:<waiter id>" registers the owner, once queued, for
+--          a direct grant; absent or "" does not
+-- ARGV[7]  optional: "1" when the caller knows of no hold of the owner, so a hold
+--          found in the hash is a direct grant it has not heard of yet: it is
+--          claimed (its lease renewed) rather than re-entered
 -- Reply: nil when the owner now holds the lock; otherwise how long until the entry
 --        ahead of the owner could go stale, in milliseconds (the lock's PTTL when the
 --        owner heads the queue; -1 when the lock has no expiry), or 1 for a single try
@@ -23,35 +29,15 @@
 --     still loses its place one allowance after it reaches the head.
 local now = tonumber(ARGV[4])
 local wait = tonumber(ARGV[3])
+local register = ARGV[6] or ''
 
--- Purge stale heads: queued owners whose deadline passed without them taking their
--- turn. Only heads are purged; a deadline missing from the set (a torn queue) counts
--- as stale rather than failing the script.
-while true do
-    local head = redis.call('lindex', KEYS[2], 0)
-    if head == false then
-        break
-    end
-    local deadline = tonumber(redis.call('zscore', KEYS[3], head))
-    if deadline == nil or deadline <= now then
-        redis.call('zrem', KEYS[3], head)
-        redis.call('lpop', KEYS[2])
-    else
-        break
-    end
-end
+purge_stale(KEYS[2], KEYS[3], KEYS[4], now)
 
 if redis.call('exists', KEYS[1]) == 0 then
     local head = redis.call('lindex', KEYS[2], 0)
     if head == false or head == ARGV[2] then
         if head == ARGV[2] then
-            redis.call('lpop', KEYS[2])
-            redis.call('zrem', KEYS[3], ARGV[2])
-            -- the next one heads the queue now: it has one allowance to take its turn
-            local next = redis.call('lindex', KEYS[2], 0)
-            if next ~= false then
-                redis.call('zadd', KEYS[3], 'LT', now + wait, next)
-            end
+            pop_head(KEYS[2], KEYS[3], KEYS[4], ARGV[2], now, wait)
         end
         redis.call('hset', KEYS[1], ARGV[2], 1)
         redis.call('pexpire', KEYS[1], ARGV[1])
@@ -60,13 +46,23 @@ if redis.call('exists', KEYS[1]) == 0 then
 end
 
 if redis.call('hexists', KEYS[1], ARGV[2]) == 1 then
-    redis.call('hincrby', KEYS[1], ARGV[2], 1)
+    if ARGV[7] ~= '1' then
+        redis.call('hincrby', KEYS[1], ARGV[2], 1)
+    end
     redis.call('pexpire', KEYS[1], ARGV[1])
     return nil
 end
 
 if ARGV[5] == '1' then
     return 1
+end
+
+local function set_registration()
+    if register ~= '' then
+        redis.call('hset', KEYS[4], ARGV[2], register)
+    else
+        redis.call('hdel', KEYS[4], ARGV[2])
+    end
 end
 
 local mine = redis.call('zscore', KEYS[3], ARGV[2])
@@ -80,6 +76,7 @@ if mine ~= false then
         redis.call('rpush', KEYS[2], ARGV[2])
         pos = redis.call('llen', KEYS[2]) - 1
     end
+    set_registration()
     if pos == 0 then
         return redis.call('pttl', KEYS[1])
     end
@@ -97,4 +94,5 @@ end
 if redis.call('zadd', KEYS[3], ttl + wait + now, ARGV[2]) == 1 then
     redis.call('rpush', KEYS[2], ARGV[2])
 end
+set_registration()
 return ttl

@@ -1,25 +1,17 @@
 -- fair_force_release.lua: delete a fair lock whoever holds it and wake the head.
+-- The head is woken even when it registered for direct grants: it takes the lock
+-- with its own call, so no hold is ever granted that the force-release's caller
+-- could mistake for one it deleted.
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the queue list
 -- KEYS[3]  the deadline sorted set
 -- KEYS[4]  the unlock channel prefix
+-- KEYS[5]  the direct-grants hash
 -- ARGV[1]  unlock message ("0")
 -- ARGV[2]  now, milliseconds since the epoch
 -- Reply: 1 when the lock existed and was deleted, 0 otherwise.
 local now = tonumber(ARGV[2])
-while true do
-    local head = redis.call('lindex', KEYS[2], 0)
-    if head == false then
-        break
-    end
-    local deadline = tonumber(redis.call('zscore', KEYS[3], head))
-    if deadline == nil or deadline <= now then
-        redis.call('zrem', KEYS[3], head)
-        redis.call('lpop', KEYS[2])
-    else
-        break
-    end
-end
+purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
 local existed = redis.call('del', KEYS[1])
 local head = redis.call('lindex', KEYS[2], 0)
 if head ~= false then

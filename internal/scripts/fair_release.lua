@@ -1,41 +1,26 @@
--- fair_release.lua: release one hold of a fair lock; on full release wake only the
--- head waiter, on its own channel (Redisson FairLock layout).
+-- fair_release.lua: release one hold of a fair lock; on full release pass the lock
+-- on to the head waiter: a direct grant when it registered for one, otherwise a
+-- wake-up on its own channel (Redisson FairLock layout; see fair_lib.lua).
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the queue list
 -- KEYS[3]  the deadline sorted set
 -- KEYS[4]  the unlock channel prefix, redisson_lock__channel:{name}
+-- KEYS[5]  the direct-grants hash
 -- ARGV[1]  unlock message ("0")
 -- ARGV[2]  lease in milliseconds, re-applied while the count stays above zero
 -- ARGV[3]  owner field
 -- ARGV[4]  now, milliseconds since the epoch
--- Reply: nil when the owner does not hold the lock (if the lock is free, the head is
---        still woken, so the queue keeps moving); 0 when the owner still holds it;
---        1 when the lock was released and the head (if any) woken.
+-- ARGV[5]  wait allowance in milliseconds
+-- Reply: nil when the owner does not hold the lock (if the lock is free, it is still
+--        passed on, so the queue keeps moving); 0 when the owner still holds it;
+--        1 when the lock was released and passed on.
 local now = tonumber(ARGV[4])
-while true do
-    local head = redis.call('lindex', KEYS[2], 0)
-    if head == false then
-        break
-    end
-    local deadline = tonumber(redis.call('zscore', KEYS[3], head))
-    if deadline == nil or deadline <= now then
-        redis.call('zrem', KEYS[3], head)
-        redis.call('lpop', KEYS[2])
-    else
-        break
-    end
-end
-
-local function wake_head()
-    local head = redis.call('lindex', KEYS[2], 0)
-    if head ~= false then
-        redis.call('publish', KEYS[4] .. ':' .. head, ARGV[1])
-    end
-end
+local wait = tonumber(ARGV[5])
+purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
 
 if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
     if redis.call('exists', KEYS[1]) == 0 then
-        wake_head()
+        pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[1])
     end
     return nil
 end
@@ -45,5 +30,5 @@ if count > 0 then
     return 0
 end
 redis.call('del', KEYS[1])
-wake_head()
+pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[1])
 return 1

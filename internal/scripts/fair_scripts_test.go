@@ -20,7 +20,7 @@ const (
 )
 
 // fair names one fair lock's keys and channels.
-type fair struct{ name, queue, timeout, prefix string }
+type fair struct{ name, queue, timeout, prefix, grants string }
 
 func fairLock(name string) fair {
 	return fair{
@@ -28,14 +28,22 @@ func fairLock(name string) fair {
 		queue:   "redisson_lock_queue:{" + name + "}",
 		timeout: "redisson_lock_timeout:{" + name + "}",
 		prefix:  channel(name),
+		grants:  "leash_lock_grants:{" + name + "}",
 	}
 }
 
-func (f fair) keys3() []string { return []string{f.name, f.queue, f.timeout} }
-func (f fair) keys4() []string { return []string{f.name, f.queue, f.timeout, f.prefix} }
+// acquireKeys are fair_acquire's keys; keys are the other fair scripts'.
+func (f fair) acquireKeys() []string { return []string{f.name, f.queue, f.timeout, f.grants} }
+func (f fair) keys() []string        { return []string{f.name, f.queue, f.timeout, f.prefix, f.grants} }
 
-// wake is what a script publishes to wake owner.
-func (f fair) wake(owner string) string { return f.prefix + ":" + owner + "=0" }
+// wake is what a script publishes to wake owner; "B=leash:grant:7" names the
+// message too (a direct grant to B's waiter 7).
+func (f fair) wake(owner string) string {
+	if strings.Contains(owner, "=") {
+		return f.prefix + ":" + owner
+	}
+	return f.prefix + ":" + owner + "=0"
+}
 
 func at(offset int64) string { return strconv.FormatInt(t0+offset, 10) }
 
@@ -106,7 +114,21 @@ func (e *env) fairAcquire(t *testing.T, f fair, owner string, offset int64, sing
 	if single {
 		s = "1"
 	}
-	return e.run(t, scripts.FairAcquire, f.keys3(), strconv.Itoa(lease), owner, strconv.Itoa(wait), at(offset), s)
+	return e.run(t, scripts.FairAcquire, f.acquireKeys(), strconv.Itoa(lease), owner, strconv.Itoa(wait), at(offset), s)
+}
+
+// fairAcquireCase runs fair_acquire with all of a case's arguments.
+func (e *env) fairAcquireCase(t *testing.T, f fair, c fairCase) scripts.Reply {
+	t.Helper()
+	single, claim := "0", "0"
+	if c.single {
+		single = "1"
+	}
+	if c.claim {
+		claim = "1"
+	}
+	return e.run(t, scripts.FairAcquire, f.acquireKeys(), strconv.Itoa(lease), c.owner, strconv.Itoa(wait), at(c.at),
+		single, c.register, claim)
 }
 
 // fairCase is the shape shared by the fair scripts' table tests.
@@ -118,6 +140,13 @@ type fairCase struct {
 	owner  string
 	at     int64 // now - t0
 	single bool  // fair_acquire's ARGV[5]
+	grants string // the direct-grants hash before the call, as "B=45000:7"
+	// fair_acquire's ARGV[6] and ARGV[7]: the registration for a direct grant, and a
+	// claim of an unheard one.
+	register string
+	claim    bool
+
+	wantGrants string // the direct-grants hash after the call
 
 	want      string // the reply: "nil", an integer, or "pttl" (an integer ≈ the lock's PTTL)
 	wantHash  string
@@ -137,6 +166,7 @@ func (c fairCase) setup(t *testing.T, e *env, f fair) *watcher {
 	}
 	e.setHash(t, f.name, c.hash, pttl)
 	e.setQueue(t, f, c.queue)
+	e.setHash(t, f.grants, c.grants, -1)
 	return e.watch(t, f.name)
 }
 
@@ -162,6 +192,7 @@ func (c fairCase) check(t *testing.T, e *env, f fair, w *watcher, what string, r
 	}
 	e.wantQueue(t, f, wantQueue)
 	e.wantHash(t, f.name, c.wantHash)
+	e.wantHash(t, f.grants, c.wantGrants)
 	if c.wantLease != 0 {
 		e.wantPTTL(t, f.name, c.wantLease)
 	}
@@ -244,12 +275,29 @@ func TestFairAcquire(t *testing.T) {
 			owner: "B", at: 1_000, want: "nil", wantHash: "B=1", wantQueue: "C:+3000 D:+9000 E:+30000", wantLease: lease},
 		{name: "acquisition without a queue touches no deadline", owner: "B", queue: "~Z:+90000",
 			want: "nil", wantHash: "B=1", wantQueue: "~Z:+90000", wantLease: lease},
+
+		// direct grants
+		{name: "queueing registers for a direct grant", hash: "A=1", owner: "B", register: "45000:7",
+			want: "pttl", wantHash: "A=1", wantQueue: "B:+%d", wantGrants: "B=45000:7"},
+		{name: "asking again re-registers", hash: "A=1", queue: "B:+25000", grants: "B=45000:7", owner: "B",
+			register: "45000:9", want: "pttl", wantHash: "A=1", wantQueue: "B:+25000", wantGrants: "B=45000:9"},
+		{name: "asking again without registering drops the registration", hash: "A=1", queue: "B:+25000",
+			grants: "B=45000:7", owner: "B", want: "pttl", wantHash: "A=1", wantQueue: "B:+25000"},
+		{name: "a single try never registers", hash: "A=1", owner: "B", single: true, register: "45000:7",
+			want: "1", wantHash: "A=1"},
+		{name: "claim: an unheard direct grant is taken as it is", hash: "B=1", pttl: 1_000, owner: "B", claim: true,
+			want: "nil", wantHash: "B=1", wantLease: lease},
+		{name: "the head taking the lock drops its registration", queue: "B:+25000 C:+30000",
+			grants: "B=45000:7 C=45000:8", owner: "B", want: "nil", wantHash: "B=1", wantQueue: "C:+5000",
+			wantGrants: "C=45000:8", wantLease: lease},
+		{name: "a purged head loses its registration", queue: "B:+1000 C:+30000", grants: "B=45000:7",
+			owner: "C", at: 1_000, want: "nil", wantHash: "C=1", wantLease: lease},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fairLock(fmt.Sprintf("fa%d", i))
 			w := tc.setup(t, e, f)
-			rep := e.fairAcquire(t, f, tc.owner, tc.at, tc.single)
+			rep := e.fairAcquireCase(t, f, tc)
 			tc.check(t, e, f, w, "fair_acquire", rep)
 		})
 	}
@@ -283,7 +331,7 @@ func TestFairSequence(t *testing.T) {
 	w.want(t)
 
 	// A's release wakes B only.
-	wantReply(t, "A releases", e.run(t, scripts.FairRelease, f.keys4(), unlockMsg, strconv.Itoa(lease), "A", at(30)), "1")
+	wantReply(t, "A releases", e.run(t, scripts.FairRelease, f.keys(), unlockMsg, strconv.Itoa(lease), "A", at(30), strconv.Itoa(wait)), "1")
 	w.want(t, f.wake("B"))
 	// C, woken by nobody, tries: the lock is free but B heads the queue.
 	wantReply(t, "C tries", e.fairAcquire(t, f, "C", 40, false), strconv.FormatInt(ttlB+wait-40, 10))
@@ -292,12 +340,12 @@ func TestFairSequence(t *testing.T) {
 	e.wantQueue(t, f, fmt.Sprintf("C:%+d D:%+d", 50+wait, ttlB+3*wait))
 
 	// C gives up; D moves up one allowance and, with the lock held, nobody is woken.
-	wantReply(t, "C leaves", e.run(t, scripts.FairLeave, f.keys4(), "C", strconv.Itoa(wait), unlockMsg, at(60)), "1")
+	wantReply(t, "C leaves", e.run(t, scripts.FairLeave, f.keys(), "C", strconv.Itoa(wait), unlockMsg, at(60), "1"), "1")
 	e.wantQueue(t, f, fmt.Sprintf("D:%+d", ttlB+2*wait))
 	w.want(t)
 
 	// B hands the lock to D, the head.
-	wantReply(t, "B hands off to D", e.run(t, scripts.FairHandoff, f.keys4(),
+	wantReply(t, "B hands off to D", e.run(t, scripts.FairHandoff, f.keys(),
 		"B", strconv.Itoa(lease), "D", strconv.Itoa(leaseB), strconv.Itoa(wait), at(70), unlockMsg), "2")
 	e.wantHash(t, f.name, "D=1")
 	e.wantPTTL(t, f.name, leaseB)
@@ -334,12 +382,27 @@ func TestFairRelease(t *testing.T) {
 			want: "1", wantQueue: "C:+30000", wantWake: []string{"C"}},
 		{name: "all heads stale: nobody woken", hash: "A=1", queue: "B:+500 C:+1000", owner: "A", at: 1_000,
 			want: "1"},
+
+		// direct grants
+		{name: "a registered head gets the lock directly", hash: "A=1", queue: "B:+25000 C:+30000",
+			grants: "B=45000:7 C=45000:8", owner: "A", want: "1", wantHash: "B=1", wantLease: leaseB,
+			wantQueue: "C:+5000", wantGrants: "C=45000:8", wantWake: []string{"B=leash:grant:7"}},
+		{name: "an unregistered head (a Redisson client) is woken", hash: "A=1", queue: "B:+25000 C:+30000",
+			grants: "C=45000:8", owner: "A", want: "1", wantQueue: "B:+25000 C:+30000", wantGrants: "C=45000:8",
+			wantWake: []string{"B"}},
+		{name: "a malformed registration is woken", hash: "A=1", queue: "B:+25000", grants: "B=junk", owner: "A",
+			want: "1", wantQueue: "B:+25000", wantGrants: "B=junk", wantWake: []string{"B"}},
+		{name: "not held, lock free: a registered head gets it", queue: "B:+25000", grants: "B=45000:7", owner: "A",
+			want: "nil", wantHash: "B=1", wantLease: leaseB, wantWake: []string{"B=leash:grant:7"}},
+		{name: "a purged head's registration goes, the next gets the lock", hash: "A=1", queue: "B:+500 C:+30000",
+			grants: "B=45000:7 C=45000:8", owner: "A", at: 1_000, want: "1", wantHash: "C=1", wantLease: leaseB,
+			wantWake: []string{"C=leash:grant:8"}},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fairLock(fmt.Sprintf("fr%d", i))
 			w := tc.setup(t, e, f)
-			rep := e.run(t, scripts.FairRelease, f.keys4(), unlockMsg, strconv.Itoa(lease), tc.owner, at(tc.at))
+			rep := e.run(t, scripts.FairRelease, f.keys(), unlockMsg, strconv.Itoa(lease), tc.owner, at(tc.at), strconv.Itoa(wait))
 			tc.check(t, e, f, w, "fair_release", rep)
 		})
 	}
@@ -365,12 +428,21 @@ func TestFairLeave(t *testing.T) {
 		{name: "not queued, empty queue", owner: "X", want: "0"},
 		{name: "deadline without a list entry is removed", queue: "B:+20000 ~X:+25000", owner: "X",
 			want: "0", wantQueue: "B:+20000"},
+
+		// direct grants
+		{name: "the leaver's registration goes", queue: q, grants: "B=45000:7", owner: "B",
+			want: "1", wantQueue: "C:+20000 D:+25000", wantWake: []string{"C"}},
+		{name: "head leaves a free lock: a registered new head gets it", queue: q, grants: "C=45000:8", owner: "B",
+			want: "1", wantHash: "C=1", wantLease: leaseB, wantQueue: "D:+5000", wantWake: []string{"C=leash:grant:8"}},
+		{name: "an unheard direct grant is given back and passed on", hash: "B=1", queue: "C:+25000 D:+30000",
+			grants: "C=45000:8", owner: "B", want: "2", wantHash: "C=1", wantLease: leaseB, wantQueue: "D:+5000",
+			wantWake: []string{"C=leash:grant:8"}},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fairLock(fmt.Sprintf("fl%d", i))
 			w := tc.setup(t, e, f)
-			rep := e.run(t, scripts.FairLeave, f.keys4(), tc.owner, strconv.Itoa(wait), unlockMsg, at(tc.at))
+			rep := e.run(t, scripts.FairLeave, f.keys(), tc.owner, strconv.Itoa(wait), unlockMsg, at(tc.at), "1")
 			tc.check(t, e, f, w, "fair_leave", rep)
 		})
 	}
@@ -396,12 +468,17 @@ func TestFairHandoff(t *testing.T) {
 			want: "0", wantHash: "A=1", wantQueue: "R:+20000", wantLease: lease},
 		{name: "not held", hash: "X=1", queue: "R:+20000", owner: "A",
 			want: "nil", wantHash: "X=1", wantQueue: "R:+20000"},
+		{name: "a registered head other than the receiver gets the lock directly", hash: "A=1",
+			queue: "X:+20000 R:+25000", grants: "X=45000:9", owner: "A", want: "1", wantHash: "X=1",
+			wantLease: leaseB, wantQueue: "R:+5000", wantWake: []string{"X=leash:grant:9"}},
+		{name: "the receiver's registration goes with the handoff", hash: "A=1", queue: "R:+20000",
+			grants: "R=45000:3", owner: "A", want: "2", wantHash: "R=1", wantLease: leaseB},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fairLock(fmt.Sprintf("fh%d", i))
 			w := tc.setup(t, e, f)
-			rep := e.run(t, scripts.FairHandoff, f.keys4(),
+			rep := e.run(t, scripts.FairHandoff, f.keys(),
 				tc.owner, strconv.Itoa(lease), "R", strconv.Itoa(leaseB), strconv.Itoa(wait), at(tc.at), unlockMsg)
 			tc.check(t, e, f, w, "fair_handoff", rep)
 		})
@@ -421,12 +498,14 @@ func TestFairForceRelease(t *testing.T) {
 		{name: "absent, empty queue", want: "0"},
 		{name: "stale head purged, the next is woken", hash: "A=1", queue: "S:+500 B:+20000", at: 1_000,
 			want: "1", wantQueue: "B:+20000", wantWake: []string{"B"}},
+		{name: "a registered head is woken, not granted", hash: "A=1", queue: "B:+20000", grants: "B=45000:7",
+			want: "1", wantQueue: "B:+20000", wantGrants: "B=45000:7", wantWake: []string{"B"}},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fairLock(fmt.Sprintf("ff%d", i))
 			w := tc.setup(t, e, f)
-			rep := e.run(t, scripts.FairForceRelease, f.keys4(), unlockMsg, at(tc.at))
+			rep := e.run(t, scripts.FairForceRelease, f.keys(), unlockMsg, at(tc.at))
 			tc.check(t, e, f, w, "fair_force_release", rep)
 		})
 	}
@@ -465,12 +544,12 @@ func TestFairMoveUpKeepsGoneWaitersDeadline(t *testing.T) {
 			wantReply(t, "B acquires", e.fairAcquire(t, f, "B", 1_000, false), "nil")
 		}, holder: "B=1", leaseNow: lease, d: 30_000},
 		{name: "fair_handoff", hash: "A=1", move: func(t *testing.T, f fair) {
-			wantReply(t, "A hands off to B", e.run(t, scripts.FairHandoff, f.keys4(),
+			wantReply(t, "A hands off to B", e.run(t, scripts.FairHandoff, f.keys(),
 				"A", strconv.Itoa(lease), "B", strconv.Itoa(leaseB), strconv.Itoa(wait), at(1_000), unlockMsg), "2")
 		}, holder: "B=1", leaseNow: leaseB, d: 30_000},
 		{name: "fair_leave", hash: "A=1", move: func(t *testing.T, f fair) {
-			wantReply(t, "B leaves", e.run(t, scripts.FairLeave, f.keys4(),
-				"B", strconv.Itoa(wait), unlockMsg, at(1_000)), "1")
+			wantReply(t, "B leaves", e.run(t, scripts.FairLeave, f.keys(),
+				"B", strconv.Itoa(wait), unlockMsg, at(1_000), "1"), "1")
 		}, holder: "A=1", leaseNow: defaultPTTL, d: 25_000},
 	}
 	for i, mv := range moves {

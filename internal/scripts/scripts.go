@@ -15,7 +15,8 @@ import (
 // ID names one script.
 type ID uint8
 
-// The scripts, one per file.
+// The scripts, one per file. The fair_*.lua scripts start with fair_lib.lua's
+// shared functions.
 const (
 	LockAcquire      ID = iota // lock_acquire.lua
 	LockRelease                // lock_release.lua
@@ -44,6 +45,8 @@ var (
 	lockRenewSrc string
 	//go:embed lock_handoff.lua
 	lockHandoffSrc string
+	//go:embed fair_lib.lua
+	fairLibSrc string
 	//go:embed fair_acquire.lua
 	fairAcquireSrc string
 	//go:embed fair_release.lua
@@ -63,11 +66,11 @@ var sources = [numScripts]string{
 	LockForceRelease: lockForceReleaseSrc,
 	LockRenew:        lockRenewSrc,
 	LockHandoff:      lockHandoffSrc,
-	FairAcquire:      fairAcquireSrc,
-	FairRelease:      fairReleaseSrc,
-	FairLeave:        fairLeaveSrc,
-	FairHandoff:      fairHandoffSrc,
-	FairForceRelease: fairForceReleaseSrc,
+	FairAcquire:      fairLibSrc + fairAcquireSrc,
+	FairRelease:      fairLibSrc + fairReleaseSrc,
+	FairLeave:        fairLibSrc + fairLeaveSrc,
+	FairHandoff:      fairLibSrc + fairHandoffSrc,
+	FairForceRelease: fairLibSrc + fairForceReleaseSrc,
 }
 
 var names = [numScripts]string{
