@@ -138,8 +138,8 @@ type fairCase struct {
 	pttl   int64  // its PTTL in ms (0: 20000; -1: no expiry)
 	queue  string // the queue before the call (see setQueue)
 	owner  string
-	at     int64 // now - t0
-	single bool  // fair_acquire's ARGV[5]
+	at     int64  // now - t0
+	single bool   // fair_acquire's ARGV[5]
 	grants string // the direct-grants hash before the call, as "B=45000:7"
 	// fair_acquire's ARGV[6] and ARGV[7]: the registration for a direct grant, and a
 	// claim of an unheard one.
