@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 
 	"github.com/redis/rueidis"
 )
@@ -87,6 +89,54 @@ var names = [numScripts]string{
 	FairForceRelease: "fair_force_release",
 }
 
+// multiSrc is the multi script: every script above as a function, then a loop that
+// runs the calls ARGV describes. ARGV[1] is the number of calls; each call follows
+// as its script id, its number of keys, its number of arguments, and the
+// arguments; KEYS holds every call's keys in order. The reply is an array with one
+// element per call: its script's reply (nil as a Redis nil) or, if the script
+// raised an error, that error, as the script would have answered alone. Each
+// script's KEYS and ARGV are the function's own parameters, so its text runs
+// unchanged.
+var multiSrc = buildMulti()
+
+func buildMulti() string {
+	var b strings.Builder
+	b.WriteString("-- multi: runs several leash scripts in one call (scripts.go, RunBatch).\nlocal scripts = {}\n")
+	for i, src := range sources {
+		fmt.Fprintf(&b, "scripts[%d] = function(KEYS, ARGV)\n%s\nend\n", i, src)
+	}
+	b.WriteString(`local out = {}
+local n = tonumber(ARGV[1])
+local a, k = 2, 1
+for c = 1, n do
+    local id, nkeys, nargs = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+    a = a + 3
+    local keys, args = {}, {}
+    for i = 1, nkeys do
+        keys[i] = KEYS[k]
+        k = k + 1
+    end
+    for i = 1, nargs do
+        args[i] = ARGV[a]
+        a = a + 1
+    end
+    local ok, res = pcall(scripts[id], keys, args)
+    if not ok then
+        if type(res) == 'table' and res.err then
+            res = {err = res.err}
+        else
+            res = {err = 'ERR ' .. tostring(res)}
+        end
+    elseif res == nil then
+        res = false
+    end
+    out[c] = res
+end
+return out
+`)
+	return b.String()
+}
+
 // String returns the script's file name without its extension.
 func (id ID) String() string {
 	if id < numScripts {
@@ -136,9 +186,10 @@ type BatchRunner interface {
 
 // Redis runs the scripts on a rueidis client.
 type Redis struct {
-	client  rueidis.Client
-	scripts [numScripts]*rueidis.Lua
-	shas    [numScripts]string
+	client   rueidis.Client
+	scripts  [numScripts]*rueidis.Lua
+	shas     [numScripts]string
+	multiSHA string
 }
 
 var _ BatchRunner = (*Redis)(nil)
@@ -152,73 +203,166 @@ func NewRedis(client rueidis.Client) *Redis {
 		sum := sha1.Sum([]byte(src))
 		r.shas[i] = hex.EncodeToString(sum[:])
 	}
+	sum := sha1.Sum([]byte(multiSrc))
+	r.multiSHA = hex.EncodeToString(sum[:])
 	return r
 }
 
 // ErrReordered is a call's result when the server did not run it (NOSCRIPT) and a
-// later call of the same batch on one of its keys did run: sending it again now
+// later command of the same batch on one of its keys did run: sending it again now
 // would run the two in the wrong order. Nothing ran, so the caller may retry it,
 // as after a transport error.
 var ErrReordered = errors.New("leash: script not loaded when sent; a later call on the same lock already ran")
 
-// RunBatch implements BatchRunner: one pipelined write of EVALSHA calls. When the
-// server answers NOSCRIPT (its script cache was flushed, or it restarted), every
-// script is loaded again, and the calls that did not run are sent again, in order,
-// unless a later call on one of their keys already ran (see ErrReordered).
+// MaxMerged is how many calls one merged script call carries at most (see
+// RunBatch). Redis runs a script to the end before serving anyone else, so a merged
+// call stays short: about a hundred lock operations, as Redisson's renewal batches.
+//
+// MaxMergedKeys bounds the keys of one merged call the same way: a renewal call
+// already covers up to a hundred locks, so two of them make a merged call.
+const (
+	MaxMerged     = 128
+	MaxMergedKeys = 256
+)
+
+// RunBatch implements BatchRunner. The calls go in one pipelined write, merged
+// MaxMerged at a time into one EVALSHA of the multi script, which runs each call's
+// script in turn inside one Lua call and returns their replies in an array. One
+// merged call costs Redis and the client a fraction of as many separate calls:
+// measured here, twice the lock operations per second on two cores.
+//
+// When the server answers NOSCRIPT (its script cache was flushed, or it
+// restarted), every script is loaded again, and the commands that did not run are
+// sent again, in order, unless a later command on one of their keys already ran
+// (see ErrReordered).
 func (r *Redis) RunBatch(ctx context.Context, calls []Call) []Result {
 	c := r.client
-	cmds := make(rueidis.Commands, len(calls))
-	for i, call := range calls {
-		cmds[i] = r.evalsha(call)
+	units := split(calls)
+	cmds := make(rueidis.Commands, len(units))
+	for i, u := range units {
+		cmds[i] = r.command(u)
 	}
-	out := make([]Result, len(calls))
+	out := make([]Result, 0, len(calls))
+	results := make([][]Result, len(units))
 	var missed []int
 	for i, res := range c.DoMulti(ctx, cmds...) {
 		if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
 			missed = append(missed, i)
 			continue
 		}
-		out[i] = result(res)
+		results[i] = unitResults(units[i], res)
 	}
-	if len(missed) == 0 {
-		return out
+	if len(missed) > 0 {
+		r.retryMissed(ctx, units, missed, results)
 	}
-	if err := r.loadAll(ctx); err != nil {
-		for _, i := range missed {
-			out[i] = Result{Err: err}
-		}
-		return out
-	}
-	var again []int
-	cmds = cmds[:0]
-	for _, i := range missed {
-		if overtaken(calls, missed, i) {
-			out[i] = Result{Err: ErrReordered}
-			continue
-		}
-		again = append(again, i)
-		cmds = append(cmds, r.evalsha(calls[i]))
-	}
-	for j, res := range c.DoMulti(ctx, cmds...) {
-		out[again[j]] = result(res)
+	for _, rs := range results {
+		out = append(out, rs...)
 	}
 	return out
 }
 
-func (r *Redis) evalsha(call Call) rueidis.Completed {
-	return r.client.B().Evalsha().Sha1(r.shas[call.ID]).Numkeys(int64(len(call.Keys))).Key(call.Keys...).Arg(call.Args...).Build()
+// split cuts calls into units of at most MaxMerged calls and MaxMergedKeys keys
+// (a call with more keys is a unit of its own).
+func split(calls []Call) [][]Call {
+	var units [][]Call
+	start, keys := 0, 0
+	for i, call := range calls {
+		if i > start && (i-start == MaxMerged || keys+len(call.Keys) > MaxMergedKeys) {
+			units = append(units, calls[start:i])
+			start, keys = i, 0
+		}
+		keys += len(call.Keys)
+	}
+	if start < len(calls) {
+		units = append(units, calls[start:])
+	}
+	return units
 }
 
-// overtaken reports whether a call after calls[i] that did run (is not in missed)
+// retryMissed loads every script and sends the units that met NOSCRIPT again, in
+// order, except those a later unit on the same keys has overtaken.
+func (r *Redis) retryMissed(ctx context.Context, units [][]Call, missed []int, results [][]Result) {
+	fail := func(i int, err error) {
+		results[i] = make([]Result, len(units[i]))
+		for j := range results[i] {
+			results[i][j] = Result{Err: err}
+		}
+	}
+	if err := r.loadAll(ctx); err != nil {
+		for _, i := range missed {
+			fail(i, err)
+		}
+		return
+	}
+	var again []int
+	var cmds rueidis.Commands
+	for _, i := range missed {
+		if overtaken(units, missed, i) {
+			fail(i, ErrReordered)
+			continue
+		}
+		again = append(again, i)
+		cmds = append(cmds, r.command(units[i]))
+	}
+	for j, res := range r.client.DoMulti(ctx, cmds...) {
+		results[again[j]] = unitResults(units[again[j]], res)
+	}
+}
+
+// command is one unit of a batch as one EVALSHA: the call's own script when it is
+// alone, otherwise the multi script with every call's script id, key and argument
+// counts and arguments in ARGV (see multiHeader), and all their keys in KEYS.
+func (r *Redis) command(unit []Call) rueidis.Completed {
+	if len(unit) == 1 {
+		call := unit[0]
+		return r.client.B().Evalsha().Sha1(r.shas[call.ID]).Numkeys(int64(len(call.Keys))).Key(call.Keys...).Arg(call.Args...).Build()
+	}
+	var keys []string
+	args := []string{strconv.Itoa(len(unit))}
+	for _, call := range unit {
+		keys = append(keys, call.Keys...)
+		args = append(args, strconv.Itoa(int(call.ID)), strconv.Itoa(len(call.Keys)), strconv.Itoa(len(call.Args)))
+		args = append(args, call.Args...)
+	}
+	return r.client.B().Evalsha().Sha1(r.multiSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+// unitResults splits a unit's reply into its calls' results.
+func unitResults(unit []Call, res rueidis.RedisResult) []Result {
+	if len(unit) == 1 {
+		return []Result{result(res)}
+	}
+	out := make([]Result, len(unit))
+	arr, err := res.ToArray()
+	if err == nil && len(arr) != len(unit) {
+		err = fmt.Errorf("leash: merged script returned %d replies for %d calls", len(arr), len(unit))
+	}
+	if err != nil {
+		for i := range out {
+			out[i] = Result{Err: err}
+		}
+		return out
+	}
+	for i, m := range arr {
+		out[i] = messageResult(m)
+	}
+	return out
+}
+
+// overtaken reports whether a unit after units[i] that did run (is not in missed)
 // shares a key with it.
-func overtaken(calls []Call, missed []int, i int) bool {
-	for j := i + 1; j < len(calls); j++ {
+func overtaken(units [][]Call, missed []int, i int) bool {
+	for j := i + 1; j < len(units); j++ {
 		if slices.Contains(missed, j) {
 			continue
 		}
-		for _, k := range calls[j].Keys {
-			if slices.Contains(calls[i].Keys, k) {
-				return true
+		for _, a := range units[j] {
+			for _, b := range units[i] {
+				for _, k := range a.Keys {
+					if slices.Contains(b.Keys, k) {
+						return true
+					}
+				}
 			}
 		}
 	}
@@ -229,10 +373,11 @@ func overtaken(calls []Call, missed []int, i int) bool {
 // cache is refilled whole rather than script by script.
 func (r *Redis) loadAll(ctx context.Context) error {
 	c := r.client
-	cmds := make(rueidis.Commands, 0, numScripts)
+	cmds := make(rueidis.Commands, 0, numScripts+1)
 	for _, src := range sources {
 		cmds = append(cmds, c.B().ScriptLoad().Script(src).Build())
 	}
+	cmds = append(cmds, c.B().ScriptLoad().Script(multiSrc).Build())
 	for _, res := range c.DoMulti(ctx, cmds...) {
 		if err := res.Error(); err != nil {
 			return err
@@ -250,6 +395,18 @@ func result(res rueidis.RedisResult) Result {
 		return Result{Err: err}
 	}
 	reply, err := decode(msg)
+	return Result{Reply: reply, Err: err}
+}
+
+// messageResult is result for one element of a merged call's reply.
+func messageResult(m rueidis.RedisMessage) Result {
+	if m.IsNil() {
+		return Result{Reply: Reply{Nil: true}}
+	}
+	if err := m.Error(); err != nil {
+		return Result{Err: err}
+	}
+	reply, err := decode(m)
 	return Result{Reply: reply, Err: err}
 }
 

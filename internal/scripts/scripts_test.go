@@ -661,7 +661,8 @@ func TestRunBatch(t *testing.T) {
 	// whose results depend on running in order, and what they must return.
 	mixed := func(k string) ([]scripts.Call, []string) {
 		f := k + "f"
-		fk := []string{f, "redisson_lock_queue:{" + f + "}", "redisson_lock_timeout:{" + f + "}"}
+		fk := []string{f, "redisson_lock_queue:{" + f + "}", "redisson_lock_timeout:{" + f + "}", "leash_lock_grants:{" + f + "}"}
+		fkr := []string{fk[0], fk[1], fk[2], channel(f), fk[3]}
 		now := strconv.FormatInt(time.Now().UnixMilli(), 10)
 		return []scripts.Call{
 				{ID: scripts.LockAcquire, Keys: []string{k}, Args: []string{L, "c:1"}},
@@ -674,7 +675,7 @@ func TestRunBatch(t *testing.T) {
 				{ID: scripts.LockRelease, Keys: []string{k, channel(k)}, Args: []string{unlockMsg, L, "c:1"}},
 				{ID: scripts.FairAcquire, Keys: fk, Args: []string{L, "c:1", "5000", now, "0"}},
 				{ID: scripts.FairAcquire, Keys: fk, Args: []string{L, "c:2", "5000", now, "1"}},
-				{ID: scripts.FairRelease, Keys: append(fk, channel(f)), Args: []string{unlockMsg, L, "c:1", now}},
+				{ID: scripts.FairRelease, Keys: fkr, Args: []string{unlockMsg, L, "c:1", now, "5000"}},
 				{ID: scripts.LockForceRelease, Keys: []string{k, channel(k)}, Args: []string{unlockMsg}},
 			}, []string{
 				"nil", "nil", "pttl", "[1 0]", "error", "nil", "0", "1",
@@ -705,11 +706,11 @@ func TestRunBatch(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		// Every call of the first write met NOSCRIPT: all scripts were loaded in one
-		// write, and the calls went again, in order, by SHA.
-		if stats["eval"] != 0 || stats["script|load"] != int64(scripts.NumScripts) || stats["evalsha"] != 2*int64(len(calls)) {
-			t.Errorf("after SCRIPT FLUSH: %d EVAL, %d SCRIPT LOAD, %d EVALSHA; want 0, %d, %d",
-				stats["eval"], stats["script|load"], stats["evalsha"], scripts.NumScripts, 2*len(calls))
+		// The merged call met NOSCRIPT: all scripts (and the multi script) were
+		// loaded in one write, and the call went again by SHA.
+		if stats["eval"] != 0 || stats["script|load"] != int64(scripts.NumScripts+1) || stats["evalsha"] != 2 {
+			t.Errorf("after SCRIPT FLUSH: %d EVAL, %d SCRIPT LOAD, %d EVALSHA; want 0, %d, 2",
+				stats["eval"], stats["script|load"], stats["evalsha"], scripts.NumScripts+1)
 		}
 		// The scripts are loaded: the next batch goes by SHA alone.
 		if err := e.srv.ResetStats(); err != nil {
@@ -720,41 +721,102 @@ func TestRunBatch(t *testing.T) {
 		if stats, err = e.srv.CommandStats(); err != nil {
 			t.Fatal(err)
 		}
-		if stats["eval"] != 0 || stats["evalsha"] != int64(len(calls)) {
-			t.Errorf("second batch: %d EVAL, %d EVALSHA; want 0 and %d", stats["eval"], stats["evalsha"], len(calls))
+		if stats["eval"] != 0 || stats["evalsha"] != 1 {
+			t.Errorf("second batch: %d EVAL, %d EVALSHA; want 0 and 1 (one merged call)", stats["eval"], stats["evalsha"])
 		}
 	})
 	t.Run("partial NOSCRIPT", func(t *testing.T) {
-		// Scripts already loaded run by SHA; the others meet NOSCRIPT, every script is
-		// loaded, and those calls go again in order, unless a later call on the same
-		// key already ran: that one (b4c's release, overtaken by b4c's acquire) is not
+		// A batch of MaxMerged+1 calls goes as two commands: the multi script with
+		// the first MaxMerged calls, then the last call alone, by its own script's
+		// SHA. After SCRIPT FLUSH only lock_acquire is loaded again, so the last unit
+		// (an acquire of b4c) runs while the first (the multi script) meets NOSCRIPT.
+		// The first unit holds b4c's release, overtaken by that acquire: it is not
 		// sent again but answered ErrReordered, so the two never run out of order.
 		e.do(t, "SCRIPT", "FLUSH")
 		e.run(t, scripts.LockAcquire, []string{"b4-warm"}, L, "c:1")
-		e.setHash(t, "b4a", "c:1=1", lease)
 		e.setHash(t, "b4c", "c:3=2", lease)
-		calls := []scripts.Call{
-			{ID: scripts.LockRelease, Keys: []string{"b4a", channel("b4a")}, Args: []string{unlockMsg, L, "c:1"}},
-			{ID: scripts.LockAcquire, Keys: []string{"b4b"}, Args: []string{L, "c:2"}},
-			{ID: scripts.LockRelease, Keys: []string{"b4c", channel("b4c")}, Args: []string{unlockMsg, L, "c:3"}},
-			{ID: scripts.LockAcquire, Keys: []string{"b4c"}, Args: []string{L, "c:4"}},
-			{ID: scripts.LockRenew, Keys: []string{"b4b"}, Args: []string{L, "c:9"}},
+		var calls []scripts.Call
+		var want []string
+		for i := range scripts.MaxMerged - 1 {
+			calls = append(calls, scripts.Call{ID: scripts.LockRenew, Keys: []string{fmt.Sprintf("b4-none%d", i)}, Args: []string{L, "c:9"}})
+			want = append(want, "reordered")
 		}
+		calls = append(calls,
+			scripts.Call{ID: scripts.LockRelease, Keys: []string{"b4c", channel("b4c")}, Args: []string{unlockMsg, L, "c:3"}},
+			scripts.Call{ID: scripts.LockAcquire, Keys: []string{"b4c"}, Args: []string{L, "c:4"}})
+		want = append(want, "reordered", "pttl")
+		// The renewals share no key with the acquire, but they are in the overtaken
+		// unit: a unit is sent again whole or not at all.
 		if err := e.srv.ResetStats(); err != nil {
 			t.Fatal(err)
 		}
-		res := e.r.RunBatch(ctxT(t), calls)
-		check(t, res, []string{"1", "nil", "reordered", "pttl", "[0]"})
+		check(t, e.r.RunBatch(ctxT(t), calls), want)
 		stats, err := e.srv.CommandStats()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if stats["eval"] != 0 || stats["script|load"] != int64(scripts.NumScripts) {
-			t.Errorf("%d EVAL, %d SCRIPT LOAD; want 0 and %d", stats["eval"], stats["script|load"], scripts.NumScripts)
+		if stats["eval"] != 0 || stats["script|load"] != int64(scripts.NumScripts+1) {
+			t.Errorf("%d EVAL, %d SCRIPT LOAD; want 0 and %d", stats["eval"], stats["script|load"], scripts.NumScripts+1)
 		}
-		e.wantHash(t, "b4a", "")
-		e.wantHash(t, "b4b", "c:2=1")
 		e.wantHash(t, "b4c", "c:3=2") // the release did not run after the acquire
+
+		// Without an overtaking unit, a unit that met NOSCRIPT goes again.
+		e.do(t, "SCRIPT", "FLUSH")
+		e.run(t, scripts.LockAcquire, []string{"b4-warm"}, L, "c:1")
+		calls = calls[:scripts.MaxMerged]
+		calls = append(calls, scripts.Call{ID: scripts.LockAcquire, Keys: []string{"b4d"}, Args: []string{L, "c:4"}})
+		want = want[:0]
+		for range scripts.MaxMerged - 1 {
+			want = append(want, "[0]")
+		}
+		want = append(want, "0", "nil")
+		check(t, e.r.RunBatch(ctxT(t), calls), want)
+		e.wantHash(t, "b4c", "c:3=1")
+		e.wantHash(t, "b4d", "c:4=1")
+	})
+	t.Run("merged calls stay small", func(t *testing.T) {
+		// Three renewal calls of 100 locks each: two go merged (200 keys), the third
+		// alone would push a merged call past MaxMergedKeys, so it is a second
+		// command. 2*MaxMerged+1 one-key calls make three commands (the last alone).
+		var calls []scripts.Call
+		var want []string
+		for c := range 3 {
+			keys, args := make([]string, 100), []string{L}
+			for i := range keys {
+				keys[i] = fmt.Sprintf("b7-%d-%d", c, i)
+				args = append(args, "c:1")
+			}
+			calls = append(calls, scripts.Call{ID: scripts.LockRenew, Keys: keys, Args: args})
+			want = append(want, "["+strings.TrimSpace(strings.Repeat("0 ", 100))+"]")
+		}
+		for _, n := range []int{3, 2*scripts.MaxMerged + 1} {
+			for len(calls) < n {
+				calls = append(calls, scripts.Call{ID: scripts.LockAcquire, Keys: []string{fmt.Sprintf("b7-%d", len(calls))}, Args: []string{L, "c:1"}})
+				want = append(want, "nil")
+			}
+			if err := e.srv.ResetStats(); err != nil {
+				t.Fatal(err)
+			}
+			check(t, e.r.RunBatch(ctxT(t), calls), want)
+			stats, err := e.srv.CommandStats()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if wantCmds := map[int]int64{3: 2, 2*scripts.MaxMerged + 1: 3}[n]; stats["evalsha"] != wantCmds {
+				t.Errorf("%d calls: %d EVALSHA, want %d", n, stats["evalsha"], wantCmds)
+			}
+			calls, want = calls[3:], want[3:]
+		}
+	})
+	t.Run("merged call: a failing call does not stop the others", func(t *testing.T) {
+		e.do(t, "SET", "b6-str", "x")
+		calls := []scripts.Call{
+			{ID: scripts.LockAcquire, Keys: []string{"b6"}, Args: []string{L, "c:1"}},
+			{ID: scripts.LockAcquire, Keys: []string{"b6-str"}, Args: []string{L, "c:1"}}, // WRONGTYPE
+			{ID: scripts.LockAcquire, Keys: []string{"b6"}, Args: []string{"not-a-number", "c:1"}},
+			{ID: scripts.LockRelease, Keys: []string{"b6", channel("b6")}, Args: []string{unlockMsg, L, "c:1"}},
+		}
+		check(t, e.r.RunBatch(ctxT(t), calls), []string{"nil", "error", "error", "0"})
 	})
 	t.Run("Run after SCRIPT FLUSH", func(t *testing.T) {
 		wantReply(t, "lock_acquire", e.run(t, scripts.LockAcquire, []string{"b5"}, L, "c:1"), "nil")
