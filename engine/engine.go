@@ -3,7 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
-		"sync"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -100,7 +100,7 @@ type Engine struct {
 	// batches in flight (both loop-owned; see sendPending).
 	pending []scriptCall
 	sends   int
-	closeT    time.Duration
+	closeT  time.Duration
 }
 
 const inboxSize = 1024
