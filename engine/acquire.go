@@ -193,6 +193,9 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 	if l != nil && l.attempting != nil && l.attempting.id == d.call.waiter {
 		l.attempting = nil
 	}
+	if l != nil && d.call.joining {
+		l.joining--
+	}
 	granted := d.err == nil && d.reply.Nil
 	if w == nil {
 		// The waiter is gone (cancelled, closed): give back what the script granted.
@@ -239,6 +242,9 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	w.lastErr = err
 	if l.fair != nil {
 		w.wake = true // its own retry timer was spent on this attempt
+		if !w.enqueued && !w.direct {
+			m.fairRequeue(w)
+		}
 	}
 	if w.direct {
 		// A re-entering holder must not queue behind waiters that wait for it.

@@ -48,6 +48,7 @@ type scriptCall struct {
 	hold    uint64   // purposeUnlock, purposeHandoff
 	owner   uint64   // purposeLeave; and with serial, the owner whose call this is
 	serial  bool     // one of the owner's serialized calls (see serial.go)
+	joining bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)
 	batch   []uint64 // purposeRenew: hold ids, in KEYS order
 	retried bool     // this is the one retry after a transport error (releases, leaves)
 	unlock  *futures.Future[error]

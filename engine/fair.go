@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -16,8 +17,11 @@ import (
 //
 // What differs from the reentrant lock in this engine:
 //
-//   - Each local waiter enqueues itself with one script call, one waiter at a time
-//     per lock, so local arrival order is Redis queue order.
+//   - Local waiters join the Redis queue in local arrival order, a batch at a
+//     time: up to maxJoin first attempts go out in one step, so they travel in one
+//     merged script call and run in order; the next batch starts once this one is
+//     answered. Local order is Redis queue order (a waiter whose attempt failed
+//     moves behind those that joined), and a burst of waiters costs a few calls.
 //   - A release publishes on the head's own channel. Rather than one subscription per
 //     waiter (a subscribe and an unsubscribe per handoff), a client subscribes one
 //     pattern per lock, redisson_lock__channel:{name}:<client-id>:*, which receives
@@ -118,8 +122,9 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 		register = millis(lease) + ":" + strconv.FormatUint(w.id, 10)
 	}
 	m.run(scriptCall{
-		script: scripts.FairAcquire,
-		keys:   []string{l.name, l.fair.queue, l.fair.timeout, l.fair.grants},
+		joining: !w.enqueued && !w.direct,
+		script:  scripts.FairAcquire,
+		keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.fair.grants},
 		args: []string{millis(lease), ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), wallMillis(now), try,
 			register, m.claimFlag(l, w.owner)},
 		purpose: purposeAttempt,
@@ -139,32 +144,55 @@ func (m *machine) claimFlag(l *lockState, owner uint64) string {
 	return "1"
 }
 
-// fairAdvance starts the next attempt of a fair lock, one at a time: first a woken
-// waiter already in the Redis queue (earliest first), then the next local waiter not
-// yet queued in Redis.
+// maxJoin bounds a batch of waiters joining the Redis queue together: 64
+// fair_acquire calls of four keys fill one merged script call (scripts.MaxMergedKeys).
+const maxJoin = 64
+
+// fairAdvance starts a fair lock's next attempts: the earliest woken waiter
+// already in the Redis queue (one such retry at a time), and, unless a batch is
+// still joining, the next local waiters not yet in the Redis queue, in order, up to
+// maxJoin of them, stopping at one that must wait (its owner is leaving or already
+// queued by another waiter).
 func (m *machine) fairAdvance(l *lockState, now time.Time) {
-	if l.attempting != nil || l.backingOff || m.closing {
+	if l.backingOff || m.closing {
 		return
 	}
-	var next *waiter
-	for w := l.queue.head; w != nil; w = w.next {
-		if !w.enqueued {
-			if next == nil && l.leaving[w.owner] == 0 && !m.ownerQueued(l, w.owner) {
-				next = w
-			}
-			break
-		}
-		if w.wake {
-			next = w
-			break
+	w := l.queue.head
+	for ; w != nil && w.enqueued; w = w.next {
+		if l.attempting == nil && w.wake && !w.attempting {
+			l.attempting = w
+			w.wake = false
+			m.attempt(w, now)
 		}
 	}
-	if next == nil {
+	if l.joining > 0 {
 		return
 	}
-	l.attempting = next
-	next.wake = false
-	m.attempt(next, now)
+	var batch []uint64 // owners in this batch
+	for ; w != nil && len(batch) < maxJoin && !w.attempting; w = w.next {
+		if l.leaving[w.owner] > 0 || slices.Contains(batch, w.owner) || m.ownerQueued(l, w.owner) {
+			break
+		}
+		batch = append(batch, w.owner)
+		l.joining++
+		w.wake = false
+		m.attempt(w, now)
+	}
+}
+
+// fairRequeue moves w, whose first attempt failed, behind the waiters already in
+// the Redis queue, so local order stays Redis queue order.
+func (m *machine) fairRequeue(w *waiter) {
+	l := w.lock
+	if !w.queued {
+		return
+	}
+	l.queue.remove(w)
+	var last *waiter
+	for v := l.queue.head; v != nil && v.enqueued; v = v.next {
+		last = v
+	}
+	l.queue.insertAfter(last, w)
 }
 
 // ownerQueued reports whether a local waiter of owner is in l's Redis queue.

@@ -130,6 +130,9 @@ type lockState struct {
 	inflight int // script calls in flight that name this lock
 	// leaving counts fair_leave calls in flight per owner (fair locks only).
 	leaving map[uint64]int
+	// joining counts a fair lock's first attempts in flight: local waiters joining
+	// the Redis queue, a batch at a time (see fairAdvance).
+	joining int
 
 	sub        subState
 	resubAfter bool   // subscribe again once the unsubscribe in flight is done

@@ -75,6 +75,23 @@ func (q *queue) pushFront(w *waiter) {
 	q.len++
 }
 
+// insertAfter puts w, not queued, right after at (at the front when at is nil).
+func (q *queue) insertAfter(at, w *waiter) {
+	if at == nil {
+		q.pushFront(w)
+		return
+	}
+	if at == q.tail {
+		q.push(w)
+		return
+	}
+	w.queued = true
+	w.prev, w.next = at, at.next
+	at.next.prev = w
+	at.next = w
+	q.len++
+}
+
 func (q *queue) remove(w *waiter) {
 	if !w.queued {
 		return

@@ -16,7 +16,8 @@ import (
 // are queued the parent snapshots the queue and releases. Each waiter, holding the
 // lock, pushes the lock hash's only field (its own owner field) to a result list.
 // Every waiter must be served in queue order, none out of turn, with at most 3
-// script calls per handoff.
+// script calls per handoff (1.5 is asserted: releases grant directly), and the
+// waiters join the queue in batches.
 func TestFairThousandWaitersFourProcesses(t *testing.T) {
 	const (
 		procs   = 4
@@ -58,6 +59,11 @@ func TestFairThousandWaitersFourProcesses(t *testing.T) {
 	}
 	t.Logf("queueing 1000 waiters: %d script calls, %d psubscribe, %d subscribe",
 		pre["evalsha"]+pre["eval"], pre["psubscribe"], pre["subscribe"])
+	// Waiters join the Redis queue in batches (one merged script call each), not
+	// one call apiece.
+	if calls := pre["evalsha"] + pre["eval"]; calls > total/4 {
+		t.Errorf("queueing %d waiters took %d script calls, want batches (at most %d)", total, calls, total/4)
+	}
 	if err := srv.ResetStats(); err != nil {
 		t.Fatal(err)
 	}
@@ -99,8 +105,11 @@ func TestFairThousandWaitersFourProcesses(t *testing.T) {
 		"%d (p)(un)subscribe requests (%.4f per handoff: subscribe %d, psubscribe %d, unsubscribe %d, punsubscribe %d)",
 		scripts, perHandoff, st["evalsha"], st["eval"], st["publish"],
 		subs, float64(subs)/total, st["subscribe"], st["psubscribe"], st["unsubscribe"], st["punsubscribe"])
-	if perHandoff > 3 {
-		t.Errorf("%.2f script calls per handoff, want at most 3", perHandoff)
+	// The acceptance bound is 3. A release grants the next waiter directly, in any
+	// process, so one call per handoff is what this design costs; 1.5 leaves room
+	// for the odd claim (a grant racing an attempt).
+	if perHandoff > 1.5 {
+		t.Errorf("%.2f script calls per handoff, want at most 1.5 (direct grants; the acceptance bound is 3)", perHandoff)
 	}
 	if s, err := c.Stats(fairCtx(t, 5*time.Second)); err != nil || s.Waiters != 0 || s.Holds != 0 {
 		t.Errorf("parent client stats after the run: %+v, %v", s, err)
