@@ -397,14 +397,24 @@ func (e *Engine) sendPending() {
 	}
 	batch := e.pending
 	e.pending = nil
+	// A call alone in flight takes the runner's lone lane (a dedicated connection
+	// read on this goroutine) when it has one: at most one call uses it at a time.
+	lone, hasLone := e.runner.(scripts.LoneRunner)
+	hasLone = hasLone && len(batch) == 1 && e.sends == 0
 	e.sends++
 	e.inflight += len(batch)
 	e.ioWG.Add(1)
 	go func() {
 		defer e.ioWG.Done()
-		if len(batch) == 1 {
+		switch {
+		case hasLone:
+			call := batch[0]
+			sentAt := time.Now()
+			reply, err := lone.RunLone(context.Background(), call.script, call.keys, call.args)
+			e.mail.post(scriptDone{call: call, sentAt: sentAt, reply: reply, err: err})
+		case len(batch) == 1:
 			e.doScript(batch[0])
-		} else {
+		default:
 			e.doBatch(e.runner.(scripts.BatchRunner), batch)
 		}
 		e.mail.post(sendDone{})

@@ -22,6 +22,7 @@ type Client struct {
 	ownsRC  bool
 	engine  *engine.Engine
 	pubsub  *pubsub.Registry
+	runner  *scripts.Redis
 	closeMu sync.Mutex  // serializes Close calls
 	closed  atomic.Bool // set at the start of Close: later calls fail fast with ErrClosed
 }
@@ -72,13 +73,14 @@ func New(opts Options) (*Client, error) {
 		return nil, fmt.Errorf("leash: no answer from Redis at %v: %w", opts.Addrs, err)
 	}
 	var eng *engine.Engine
+	c.runner = scripts.NewRedis(c.rc)
 	c.pubsub = pubsub.New(c.rc,
 		func(channel, message string) { eng.NotifyMessage(channel, message) },
 		func() { eng.NotifyResubscribed() })
 	eng, err = engine.New(engine.Config{
 		ClientID:     opts.ClientID,
 		Watchdog:     opts.WatchdogTimeout,
-		Runner:       scripts.NewRedis(c.rc),
+		Runner:       c.runner,
 		Subscriber:   c.pubsub,
 		OpTimeout:    opts.OpTimeout,
 		CloseTimeout: opts.CloseTimeout,
@@ -142,6 +144,7 @@ func (c *Client) Close() error {
 	}
 	c.engine.Close()
 	c.pubsub.Close()
+	c.runner.Close()
 	if c.ownsRC {
 		c.rc.Close()
 	}

@@ -825,6 +825,50 @@ func TestRunBatch(t *testing.T) {
 		e.do(t, "SCRIPT", "FLUSH")
 		wantReply(t, "lock_renew", e.run(t, scripts.LockRenew, []string{"b5"}, L, "c:1"), "[0]")
 	})
+	t.Run("RunLone: its own connection, NOSCRIPT, a restart, Close", func(t *testing.T) {
+		// A separate runner on its own client, so the restart below does not
+		// disturb the other subtests' connection, and Close is checked.
+		srv := testredis.New(t)
+		rc, err := rueidis.NewClient(rueidis.ClientOption{InitAddress: []string{srv.Addr()}, DisableCache: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer rc.Close()
+		r := scripts.NewRedis(rc)
+		lone := func(what string, id scripts.ID, keys []string, args []string, want string) {
+			t.Helper()
+			rep, err := r.RunLone(ctxT(t), id, keys, args)
+			if err != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			wantReply(t, what, rep, want)
+		}
+		lone("acquire", scripts.LockAcquire, []string{"b8"}, []string{L, "c:1"}, "nil")
+		list, err := srv.Do("CLIENT", "LIST")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := strings.Count(strings.TrimSpace(list), "\n") + 1; n < 2 {
+			t.Errorf("%d connections after a lone call, want the shared one and RunLone's own", n)
+		}
+		if _, err := srv.Do("SCRIPT", "FLUSH"); err != nil {
+			t.Fatal(err)
+		}
+		lone("reentry after SCRIPT FLUSH", scripts.LockAcquire, []string{"b8"}, []string{L, "c:1"}, "nil")
+		if err := srv.Restart(); err != nil {
+			t.Fatal(err)
+		}
+		// The first call after a restart may meet the dead connection; the one
+		// after it must succeed on a fresh one.
+		if _, err := r.RunLone(ctxT(t), scripts.LockAcquire, []string{"b9"}, []string{L, "c:1"}); err == nil {
+			t.Log("the first lone call after the restart succeeded")
+		}
+		lone("acquire after a restart", scripts.LockAcquire, []string{"b10"}, []string{L, "c:1"}, "nil")
+		// The shared connection meets the restart too (once): use it up first.
+		rc.Do(ctxT(t), rc.B().Ping().Build())
+		r.Close()
+		lone("after Close (shared connection)", scripts.LockAcquire, []string{"b10"}, []string{L, "c:1"}, "nil")
+	})
 	t.Run("Run error reply", func(t *testing.T) {
 		e.do(t, "SET", "b6", "x")
 		_, err := e.r.Run(ctxT(t), scripts.LockAcquire, []string{"b6"}, []string{L, "c:1"})
