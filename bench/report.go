@@ -205,9 +205,19 @@ func cRate(r CRun) float64    { return nanIf(r.Acquired == 0, r.HandoffsPerSec) 
 func cPct(r CRun) float64     { return nanIf(r.Acquired == 0, r.PercentOfLimit) }
 func cGap(r CRun) float64     { return nanIf(r.Acquired == 0, r.IdleGapMs*1e3) }
 func cReq(r CRun) float64     { return nanIf(r.Acquired == 0, r.ReqPerHandoff) }
-func cCmds(r CRun) float64    { return nanIf(r.Acquired == 0, r.CmdsPerHandoff) }
-func cLimit(r CRun) float64   { return nanIf(r.Acquired == 0, r.LimitPerSec) }
-func dP50(r DRun) float64     { return nanIf(r.Latency.Samples == 0, r.Latency.P50us) }
+
+// cReqPerHandoffOnly is cReq less the requests a process spends once, not per
+// handoff: (un)subscribing and connection keep-alive PINGs.
+func cReqPerHandoffOnly(r CRun) float64 {
+	fixed := int64(0)
+	for _, cmd := range []string{"subscribe", "psubscribe", "unsubscribe", "punsubscribe", "ping"} {
+		fixed += r.Redis.ByCommand[cmd]
+	}
+	return nanIf(r.Acquired == 0, float64(r.Redis.Requests-fixed)/float64(r.Acquired))
+}
+func cCmds(r CRun) float64  { return nanIf(r.Acquired == 0, r.CmdsPerHandoff) }
+func cLimit(r CRun) float64 { return nanIf(r.Acquired == 0, r.LimitPerSec) }
+func dP50(r DRun) float64   { return nanIf(r.Latency.Samples == 0, r.Latency.P50us) }
 
 // rttP50 is the round trip the report compares with: the median of the
 // repetitions' PING p50s (the one taken at start-up when no repetition ran).

@@ -133,8 +133,14 @@ func targetsOf(res *Results, who string) []Target {
 			add("C", fmt.Sprintf("%d proc: requests per handoff ≤ 1 proc's + 1 per process with waiters", procs),
 				fmt.Sprintf("%s vs %s + %d", fmtF(2)(req), fmtF(2)(oneProc), procs), verdict(req <= oneProc+float64(procs), req, oneProc))
 			if who == "leash-fair" {
-				add("C", fmt.Sprintf("fair lock: %d proc requests per handoff ≤ 1 proc's", procs),
-					fmt.Sprintf("%s vs %s", fmtF(2)(req), fmtF(2)(oneProc)), verdict(req <= oneProc, req, oneProc))
+				// Every process subscribes once and unsubscribes once per lock, and
+				// rueidis pings a connection that has been idle for a second: costs
+				// per process, not per handoff. The target is about handoffs, so it
+				// is checked on the requests without them; both figures are shown.
+				net, net1 := median(summarizeBy(rs, cReqPerHandoffOnly)), median(summarizeBy(cRuns(res, who, 1), cReqPerHandoffOnly))
+				add("C", fmt.Sprintf("fair lock: %d proc requests per handoff ≤ 1 proc's (less each process's (un)subscribe and keep-alive PINGs)", procs),
+					fmt.Sprintf("%s vs %s (all requests: %s vs %s)", fmtF(3)(net), fmtF(3)(net1), fmtF(2)(req), fmtF(2)(oneProc)),
+					verdict(net <= net1, net, net1))
 			}
 		}
 	}
