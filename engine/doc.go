@@ -11,9 +11,10 @@
 //     complete, timers to arm, channels to subscribe) to an effects list;
 //   - Engine (engine.go) is the thin loop: it receives messages, calls the machine,
 //     and carries out the effects. Redis I/O never runs on the loop goroutine: the
-//     script calls of one step run on one short-lived goroutine (one pipelined
-//     write), and rueidis's auto-pipelining batches concurrent goroutines' calls
-//     into few round trips. Replies, timer firings, unlock
+//     pending script calls go out as one batch on one short-lived goroutine, merged
+//     into few script calls (scripts.RunBatch), at most two batches in flight (see
+//     maxSends); a call alone in flight takes the runner's dedicated connection
+//     (scripts.RunLone). Replies, timer firings, unlock
 //     messages and cancellations come back through a mailbox that never blocks its
 //     sender, so the loop never waits on anyone and nobody waits on the loop for
 //     long.
