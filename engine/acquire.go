@@ -200,7 +200,7 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 	if w == nil {
 		// The waiter is gone (cancelled, closed): give back what the script granted.
 		if granted && l != nil {
-			m.abandon(l, d.call.args[1], 1)
+			m.abandon(l, d.call.owner, 1)
 		}
 		if l != nil {
 			m.advance(l, now)
@@ -242,11 +242,13 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	w.lastErr = err
 	if l.fair != nil {
 		w.wake = true // its own retry timer was spent on this attempt
-		if !w.enqueued && !w.direct {
-			m.fairRequeue(w)
-		}
 	}
-	if w.direct {
+	switch {
+	case l.fair != nil && !w.enqueued:
+		// Local order must stay Redis queue order: behind those already in it.
+		w.direct = false
+		m.fairRequeue(w)
+	case w.direct:
 		// A re-entering holder must not queue behind waiters that wait for it.
 		w.direct = false
 		l.queue.pushFront(w)
@@ -346,7 +348,11 @@ func (m *machine) settleRefusal(w *waiter) bool {
 	if w.direct {
 		w.direct = false
 		m.loseStaleHold(w.lock, w.owner)
-		w.lock.queue.push(w)
+		if w.lock.fair != nil && w.enqueued {
+			m.fairRequeue(w) // it just joined the Redis queue's tail
+		} else {
+			w.lock.queue.push(w)
+		}
 	}
 	return false
 }
@@ -362,7 +368,7 @@ func (m *machine) undoAmbiguous(w *waiter) {
 	if m.holds[holdKey{l.id, w.owner}] != nil {
 		return
 	}
-	m.abandon(l, ownerField(m.cfg.clientID, w.owner), 0)
+	m.abandon(l, w.owner, 0)
 	if l.fair != nil && !w.oneShot {
 		w.enqueued = true // finish sends the leave
 	}

@@ -39,20 +39,21 @@ const (
 
 // scriptCall is one script to run, with what the machine needs to read its reply.
 type scriptCall struct {
-	script  scripts.ID
-	keys    []string
-	args    []string
-	purpose purpose
-	lock    uint64   // lock id
-	waiter  uint64   // purposeAttempt, purposeHandoff
-	hold    uint64   // purposeUnlock, purposeHandoff
-	owner   uint64   // purposeLeave; and with serial, the owner whose call this is
-	serial  bool     // one of the owner's serialized calls (see serial.go)
-	joining bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)
-	batch   []uint64 // purposeRenew: hold ids, in KEYS order
-	retried bool     // this is the one retry after a transport error (releases, leaves)
-	unlock  *futures.Future[error]
-	force   *futures.Future[forceResult]
+	script   scripts.ID
+	keys     []string
+	args     []string
+	purpose  purpose
+	lock     uint64   // lock id
+	waiter   uint64   // purposeAttempt, purposeHandoff
+	receiver uint64   // purposeHandoff: the waiter's owner
+	hold     uint64   // purposeUnlock, purposeHandoff
+	owner    uint64   // purposeLeave; and with serial, the owner whose call this is
+	serial   bool     // one of the owner's serialized calls (see serial.go)
+	joining  bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)
+	batch    []uint64 // purposeRenew: hold ids, in KEYS order
+	retried  bool     // this is the one retry after a transport error (releases, leaves)
+	unlock   *futures.Future[error]
+	force    *futures.Future[forceResult]
 }
 
 // Timer kinds (timer.Key.Kind).

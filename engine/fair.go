@@ -113,6 +113,15 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 	l := w.lock
 	try, register := "0", ""
 	lease := m.leaseOf(w.lease)
+	// Only a queued waiter's own attempts may claim an unheard direct grant: the
+	// grant was made to it (a single try or a re-entry of the same handle must not
+	// take it, or it would be counted twice when its message comes).
+	claim := "0"
+	if !w.direct {
+		claim = m.claimFlag(l, w.owner)
+	}
+	joining := w.joinPending
+	w.joinPending = false
 	if w.oneShot {
 		try = "1"
 	} else if lease <= m.cfg.fairWait {
@@ -122,11 +131,11 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 		register = millis(lease) + ":" + strconv.FormatUint(w.id, 10)
 	}
 	m.run(scriptCall{
-		joining: !w.enqueued && !w.direct,
+		joining: joining,
 		script:  scripts.FairAcquire,
 		keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.fair.grants},
 		args: []string{millis(lease), ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), wallMillis(now), try,
-			register, m.claimFlag(l, w.owner)},
+			register, claim},
 		purpose: purposeAttempt,
 		lock:    l.id,
 		waiter:  w.id,
@@ -135,13 +144,23 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 	})
 }
 
-// claimFlag is "1" when owner holds nothing on l as far as this engine knows: a
-// hold of owner that a fair script finds is then a direct grant not yet heard of.
+// claimFlag is "1" when owner holds nothing on l as far as this engine knows, and
+// no release of its is in flight: a hold of owner that a fair script finds is then
+// a direct grant not yet heard of.
 func (m *machine) claimFlag(l *lockState, owner uint64) string {
-	if m.holds[holdKey{l.id, owner}] != nil {
+	if m.holds[holdKey{l.id, owner}] != nil || l.leaving[owner] > 0 {
 		return "0"
 	}
 	return "1"
+}
+
+// addLeaving records a fair_leave or an abandon of owner in flight (see
+// onLeaveDone).
+func (m *machine) addLeaving(l *lockState, owner uint64) {
+	if l.leaving == nil {
+		l.leaving = make(map[uint64]int)
+	}
+	l.leaving[owner]++
 }
 
 // maxJoin bounds a batch of waiters joining the Redis queue together: 64
@@ -169,28 +188,43 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 		return
 	}
 	var batch []uint64 // owners in this batch
-	for ; w != nil && len(batch) < maxJoin && !w.attempting; w = w.next {
-		if l.leaving[w.owner] > 0 || slices.Contains(batch, w.owner) || m.ownerQueued(l, w.owner) {
+	for ; w != nil && len(batch) < maxJoin; w = w.next {
+		if w.enqueued {
+			continue // behind one that could not join yet (see fairRequeue)
+		}
+		if w.attempting || l.leaving[w.owner] > 0 || slices.Contains(batch, w.owner) || m.ownerQueued(l, w.owner) {
 			break
 		}
 		batch = append(batch, w.owner)
 		l.joining++
 		w.wake = false
+		w.joinPending = true
 		m.attempt(w, now)
 	}
 }
 
-// fairRequeue moves w, whose first attempt failed, behind the waiters already in
-// the Redis queue, so local order stays Redis queue order.
+// fairRequeue keeps local order Redis queue order for w, which has just joined the
+// Redis queue's tail (a refused re-entry) or failed to join: it moves right behind
+// the last local waiter in the Redis queue if that one stands behind it, and stays
+// put otherwise (so a batch that failed whole keeps its order).
 func (m *machine) fairRequeue(w *waiter) {
 	l := w.lock
-	if !w.queued {
-		return
+	var last *waiter // the last local waiter in the Redis queue, w aside
+	enqueuedBehind, passed := false, false
+	for v := l.queue.head; v != nil; v = v.next {
+		switch {
+		case v == w:
+			passed = true
+		case v.enqueued:
+			last = v
+			enqueuedBehind = passed
+		}
 	}
-	l.queue.remove(w)
-	var last *waiter
-	for v := l.queue.head; v != nil && v.enqueued; v = v.next {
-		last = v
+	if w.queued {
+		if !enqueuedBehind {
+			return
+		}
+		l.queue.remove(w)
 	}
 	l.queue.insertAfter(last, w)
 }
@@ -276,16 +310,13 @@ func (m *machine) fairNotice(channel, payload string, now time.Time) {
 		m.fairGranted(l, owner, id, now)
 		return
 	}
-	// The waiter whose first attempt is in flight (it may have queued, and been
-	// woken, before its reply comes) is the first one not yet enqueued.
+	// A waiter whose first attempt is in flight may have queued, and been woken,
+	// before its reply comes.
 	for w := l.queue.head; w != nil; w = w.next {
 		if w.owner == owner && (w.enqueued || w.attempting) {
 			m.stats.Notices++
 			w.wake = true
 			m.fairAdvance(l, now)
-			return
-		}
-		if !w.enqueued {
 			return
 		}
 	}
@@ -299,7 +330,7 @@ func (m *machine) fairNotice(channel, payload string, now time.Time) {
 func (m *machine) fairGranted(l *lockState, owner uint64, idText string, now time.Time) {
 	id, err := strconv.ParseUint(idText, 10, 64)
 	w := m.waiters[id]
-	if err != nil || w == nil || w.lock != l || w.owner != owner || w.direct || !(w.enqueued || w.attempting) {
+	if err != nil || w == nil || w.lock != l || w.owner != owner || !(w.enqueued || w.attempting) {
 		return
 	}
 	m.stats.Notices++
@@ -338,14 +369,12 @@ func (m *machine) fairLeave(w *waiter) {
 		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
 		w.retryGen = 0
 	}
-	if l.leaving == nil {
-		l.leaving = make(map[uint64]int)
-	}
-	l.leaving[w.owner]++
+	claim := m.claimFlag(l, w.owner) // before this leave counts as in flight
+	m.addLeaving(l, w.owner)
 	m.run(scriptCall{
 		script:  scripts.FairLeave,
 		keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
-		args:    []string{ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), m.claimFlag(l, w.owner)},
+		args:    []string{ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), claim},
 		purpose: purposeLeave,
 		lock:    l.id,
 		owner:   w.owner,

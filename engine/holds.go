@@ -83,7 +83,7 @@ func (m *machine) loseHold(h *hold, release bool) {
 	}
 	m.lostHolds[holdKey{h.lock.id, h.owner}] = struct{}{}
 	if release {
-		m.abandon(h.lock, h.field, 0)
+		m.abandon(h.lock, h.owner, 0)
 	}
 	m.dropHold(h)
 }
@@ -138,29 +138,35 @@ func (m *machine) dropHold(h *hold) {
 func (m *machine) dropSurplus(h *hold) {
 	l := h.lock
 	m.dropHold(h)
-	m.abandon(l, h.field, 0)
+	m.abandon(l, h.owner, 0)
 }
 
 // releaseOne gives back one count of h: a grant nobody received.
 func (m *machine) releaseOne(h *hold) {
 	h.count--
-	m.abandon(h.lock, h.field, 1)
+	m.abandon(h.lock, h.owner, 1)
 	if h.count <= 0 {
 		m.dropHold(h)
 	}
 }
 
-// abandon runs the owner-guarded release of drop holds (0: all) of field.
-func (m *machine) abandon(l *lockState, field string, drop int) {
+// abandon runs the owner-guarded release of drop holds (0: all) of owner.
+//
+// On a fair lock the owner counts as leaving until it has run: a join of the same
+// owner meanwhile could otherwise take the hold for a direct grant it had not heard
+// of (fair_acquire's claim) just before this release deletes it.
+func (m *machine) abandon(l *lockState, owner uint64, drop int) {
 	keys := []string{l.name, l.channel}
 	if l.fair != nil {
 		keys = append(keys, l.fair.queue)
+		m.addLeaving(l, owner)
 	}
 	m.run(scriptCall{
 		script:  scripts.LockReleaseOwner,
 		keys:    keys,
-		args:    []string{unlockMessage, field, strconv.Itoa(drop)},
+		args:    []string{unlockMessage, ownerField(m.cfg.clientID, owner), strconv.Itoa(drop)},
 		purpose: purposeAbandon,
 		lock:    l.id,
+		owner:   owner,
 	})
 }

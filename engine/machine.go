@@ -282,7 +282,11 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		m.onUnlockDone(d, now)
 	case purposeAbandon:
 		if l := m.lockByID[d.call.lock]; l != nil {
-			m.maybeForget(l)
+			if l.fair != nil {
+				m.onLeaveDone(d, now) // see abandon
+			} else {
+				m.maybeForget(l)
+			}
 		}
 	case purposeForce:
 		m.onForceDone(d, now)

@@ -117,27 +117,29 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 			keys:   []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
 			args: []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)),
 				millis(m.cfg.fairWait), wallMillis(now), unlockMessage},
-			purpose: purposeHandoff,
-			lock:    l.id,
-			waiter:  w.id,
-			hold:    h.id,
-			unlock:  future,
-			owner:   h.owner,
-			serial:  true,
+			purpose:  purposeHandoff,
+			lock:     l.id,
+			waiter:   w.id,
+			receiver: w.owner,
+			hold:     h.id,
+			unlock:   future,
+			owner:    h.owner,
+			serial:   true,
 		})
 		return
 	}
 	m.run(scriptCall{
-		script:  scripts.LockHandoff,
-		keys:    []string{l.name, l.channel},
-		args:    []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)), bound, unlockMessage},
-		purpose: purposeHandoff,
-		lock:    l.id,
-		waiter:  w.id,
-		hold:    h.id,
-		unlock:  future,
-		owner:   h.owner,
-		serial:  true,
+		script:   scripts.LockHandoff,
+		keys:     []string{l.name, l.channel},
+		args:     []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)), bound, unlockMessage},
+		purpose:  purposeHandoff,
+		lock:     l.id,
+		waiter:   w.id,
+		receiver: w.owner,
+		hold:     h.id,
+		unlock:   future,
+		owner:    h.owner,
+		serial:   true,
 	})
 }
 
@@ -206,7 +208,7 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		if w != nil {
 			m.grant(w, d.sentAt, now)
 		} else if l != nil {
-			m.abandon(l, d.call.args[2], 1)
+			m.abandon(l, d.call.receiver, 1)
 		}
 	case d.reply.Int == 1: // released to everyone (chain bound), or to a fair waiter ahead in the queue
 		if h != nil {

@@ -34,10 +34,11 @@ type waiter struct {
 	lastErr    error // the last transport error, reported if the wait runs out
 
 	// Fair locks only.
-	enqueued bool      // in the Redis queue
-	queuedAt time.Time // send time of its last attempt that found it queued
-	wake     bool      // its turn may have come: retry when nothing else is in flight
-	retryGen uint64    // generation of its retry timer; 0 = none armed
+	enqueued    bool      // in the Redis queue
+	queuedAt    time.Time // send time of its last attempt that found it queued
+	joinPending bool      // its next attempt is a join counted in lockState.joining
+	wake        bool      // its turn may have come: retry when nothing else is in flight
+	retryGen    uint64    // generation of its retry timer; 0 = none armed
 }
 
 // queue is an intrusive FIFO of waiters: O(1) push, pop and removal from the middle

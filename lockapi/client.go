@@ -153,8 +153,10 @@ func (c *Client) Close() error {
 
 // abortIO makes calls in flight fail at once when Close's releases overrun
 // CloseTimeout (a server that stopped answering). A caller's own rueidis client is
-// left alone: its timeouts bound the calls instead.
+// left alone (its timeouts bound the calls instead), but not leash's dedicated
+// connection taken from it.
 func (c *Client) abortIO() {
+	c.runner.Abort() // the lone lane's connection is leash's own, whoever owns rc
 	if c.ownsRC {
 		c.rc.Close()
 	}

@@ -57,9 +57,15 @@ if ARGV[5] == '1' then
     return 1
 end
 
+-- The registrations of waiters that are gone are cleared by leash's scripts, but
+-- not by Redisson's purge; the hash expires three allowances after the last
+-- registration (live waiters register again at least every allowance / 3).
 local function set_registration()
     if register ~= '' then
         redis.call('hset', KEYS[4], ARGV[2], register)
+        if redis.call('pttl', KEYS[4]) < 3 * wait then
+            redis.call('pexpire', KEYS[4], 3 * wait)
+        end
     else
         redis.call('hdel', KEYS[4], ARGV[2])
     end

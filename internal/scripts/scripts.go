@@ -251,7 +251,10 @@ const (
 // When the server answers NOSCRIPT (its script cache was flushed, or it
 // restarted), every script is loaded again, and the commands that did not run are
 // sent again, in order, unless a later command on one of their keys already ran
-// (see ErrReordered).
+// (see ErrReordered). That check covers one batch: a call of another batch in
+// flight at the same time (the engine keeps up to two) may run before the one sent
+// again. The engine serializes each owner's acquires and releases (serial.go), so
+// such calls are on different owners' behalf.
 func (r *Redis) RunBatch(ctx context.Context, calls []Call) []Result {
 	c := r.client
 	units := split(calls)
@@ -467,6 +470,20 @@ func (r *Redis) dropLone(d rueidis.DedicatedClient) {
 	r.loneMu.Lock()
 	defer r.loneMu.Unlock()
 	if r.lone == d {
+		r.loneCancel()
+		r.lone, r.loneCancel = nil, nil
+	}
+}
+
+// Abort closes RunLone's dedicated connection, so a call in flight on it fails at
+// once (the client's own Close leaves a dedicated connection open), and makes
+// later calls use the shared connection.
+func (r *Redis) Abort() {
+	r.loneMu.Lock()
+	defer r.loneMu.Unlock()
+	r.closed = true
+	if r.lone != nil {
+		r.lone.Close()
 		r.loneCancel()
 		r.lone, r.loneCancel = nil, nil
 	}
