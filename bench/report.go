@@ -262,7 +262,8 @@ func markdown(res *Results) string {
 	w("## Contenders\n\n| contender | scenarios | how a blocked Lock waits | commands only run inside its scripts |\n| --- | --- | --- | --- |\n")
 	for _, name := range res.Contenders {
 		k, _ := kindByName(name)
-		w("| %s | %s | %s | %s |\n", k.name, scenarioLetters(k), k.waits, strings.Join(k.scriptOnly, ", "))
+		// "pubsub|numsub" (a subcommand's commandstats name) must not end the cell.
+		w("| %s | %s | %s | %s |\n", k.name, scenarioLetters(k), k.waits, strings.ReplaceAll(strings.Join(k.scriptOnly, ", "), "|", `\|`))
 	}
 	w("\n")
 	markdownScenarios(&b, res)
