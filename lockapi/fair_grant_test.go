@@ -306,3 +306,48 @@ func TestFairRedissonHeadIsWokenNotGranted(t *testing.T) {
 	}
 	fairMustBeClean(t, srv, name)
 }
+
+// TestFairUnheardGrantNotTakenByTryLock: a waiter W of handle h is granted the lock
+// directly and has not heard yet (the message is lost). A TryLock on the same
+// handle meanwhile finds h's field: it must re-enter (count 2), not claim the grant
+// for itself, or W's own claim would count the one server hold twice locally and
+// the first Unlock would free the lock under the second holder. Both get the lock,
+// it stays held until both Unlocks, and then it is freed (W's later retry
+// re-enters too; its surplus count goes with the last Unlock).
+func TestFairUnheardGrantNotTakenByTryLock(t *testing.T) {
+	const (
+		lease     = time.Second // the watchdog: ≤ the allowance, so the waiter registers
+		allowance = 1500 * time.Millisecond
+	)
+	srv := testredis.New(t)
+	name := fairName(t, "")
+	c := newClient(t, srv, lockapi.Options{WatchdogTimeout: lease, FairWaitTimeout: allowance})
+
+	do(t, srv, "HSET", name, "X:1", "1")
+	do(t, srv, "PEXPIRE", name, "60000")
+	h := c.FairMutex(name)
+	got, field := fairEnqueue(t, srv, h, fairCtx(t, 20*time.Second), 1)
+	fairMustRegister(t, srv, name, field, lease)
+	fairGrantSilently(t, srv, name, field, 30*time.Second, allowance)
+
+	ok, err := h.TryLock(fairCtx(t, 5*time.Second), 0, 0)
+	if err != nil || !ok {
+		t.Fatalf("TryLock on the granted handle = %v, %v; want true (re-entry)", ok, err)
+	}
+	if cnt := do(t, srv, "HGET", name, field); cnt != "2" {
+		t.Errorf("after TryLock the hash counts %q for the handle, want \"2\" (it took the waiter's grant)", cnt)
+	}
+	if err, ok := fairRecv(got, 5*time.Second); !ok || err != nil {
+		t.Fatalf("the queued waiter's Lock = %v (answered %v); want nil once it claims its grant", err, ok)
+	}
+	for i := range 2 {
+		if do(t, srv, "EXISTS", name) != "1" {
+			t.Fatalf("the lock is free with %d of 2 holds still unreleased", 2-i)
+		}
+		if err := h.Unlock(fairCtx(t, 5*time.Second)); err != nil {
+			t.Fatalf("Unlock %d: %v", i+1, err)
+		}
+	}
+	fairWaitFor(t, 5*time.Second, "the lock freed after both Unlocks", func() bool { return do(t, srv, "EXISTS", name) == "0" })
+	fairMustBeClean(t, srv, name)
+}
