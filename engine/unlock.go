@@ -111,24 +111,7 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	l.attempting = w
 	l.wakePending = false
 	w.attempting = true
-	if l.fair != nil {
-		m.run(scriptCall{
-			script: scripts.FairHandoff,
-			keys:   []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
-			args: []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)),
-				millis(m.cfg.fairWait), wallMillis(now), unlockMessage},
-			purpose:  purposeHandoff,
-			lock:     l.id,
-			waiter:   w.id,
-			receiver: w.owner,
-			hold:     h.id,
-			unlock:   future,
-			owner:    h.owner,
-			serial:   true,
-		})
-		return
-	}
-	m.run(scriptCall{
+	call := scriptCall{
 		script:   scripts.LockHandoff,
 		keys:     []string{l.name, l.channel},
 		args:     []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)), bound, unlockMessage},
@@ -140,7 +123,15 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 		unlock:   future,
 		owner:    h.owner,
 		serial:   true,
-	})
+	}
+	if l.fair != nil {
+		// No bound: the fair script hands over only to the Redis queue's head.
+		call.script = scripts.FairHandoff
+		call.keys = []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants}
+		call.args = []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)),
+			millis(m.cfg.fairWait), wallMillis(now), unlockMessage}
+	}
+	m.run(call)
 }
 
 func (m *machine) onUnlockDone(d scriptDone, now time.Time) {

@@ -137,10 +137,29 @@ func TestFairDirectGrantAcrossClients(t *testing.T) {
 	if err := waiter.Unlock(fairCtx(t, 5*time.Second)); err != nil {
 		t.Fatalf("waiter Unlock: %v", err)
 	}
-	fairMustBeClean(t, srv, name)
-	if do(t, srv, "EXISTS", fairGrantsKey(name)) != "0" {
-		t.Errorf("grants hash left behind: %q", do(t, srv, "HGETALL", fairGrantsKey(name)))
-	}
+	fairGrantClean(t, srv, name)
+}
+
+// unheardLease is the watchdog of fairUnheardGrant's client: ≤ its allowance, so
+// its waiter registers for direct grants.
+const unheardLease, unheardAllowance = time.Second, 1500 * time.Millisecond
+
+// fairUnheardGrant queues one waiter (a FairMutex handle) of a fresh client behind
+// a raw holder, then grants it the lock directly without telling it (no message),
+// as a release would whose message got lost. It returns the Lock's channel and the
+// waiter's owner field.
+func fairUnheardGrant(t *testing.T) (*testredis.Server, *lockapi.Client, string, *lockapi.Mutex, <-chan error, string) {
+	t.Helper()
+	srv := testredis.New(t)
+	name := fairName(t, "")
+	c := newClient(t, srv, lockapi.Options{WatchdogTimeout: unheardLease, FairWaitTimeout: unheardAllowance})
+	do(t, srv, "HSET", name, "X:1", "1")
+	do(t, srv, "PEXPIRE", name, "60000")
+	m := c.FairMutex(name)
+	got, field := fairEnqueue(t, srv, m, fairCtx(t, 20*time.Second), 1)
+	fairMustRegister(t, srv, name, field, unheardLease)
+	fairGrantSilently(t, srv, name, field, 30*time.Second, unheardAllowance)
+	return srv, c, name, m, got, field
 }
 
 // TestFairUnheardGrantIsClaimedOnce: a queued leash waiter is granted the lock
@@ -150,25 +169,11 @@ func TestFairDirectGrantAcrossClients(t *testing.T) {
 // raw grant's lease is far longer than the waiter's, so the waiter cannot get the
 // lock by waiting for the grant to expire.
 func TestFairUnheardGrantIsClaimedOnce(t *testing.T) {
-	const (
-		lease     = time.Second // the watchdog: ≤ the allowance, so the waiter registers
-		allowance = 1500 * time.Millisecond
-	)
-	srv := testredis.New(t)
-	name := fairName(t, "")
-	c := newClient(t, srv, lockapi.Options{WatchdogTimeout: lease, FairWaitTimeout: allowance})
-
-	do(t, srv, "HSET", name, "X:1", "1")
-	do(t, srv, "PEXPIRE", name, "60000")
-	w := c.FairMutex(name)
-	got, field := fairEnqueue(t, srv, w, fairCtx(t, 20*time.Second), 1)
-	fairMustRegister(t, srv, name, field, lease)
-
-	fairGrantSilently(t, srv, name, field, 30*time.Second, allowance)
+	srv, c, name, w, got, field := fairUnheardGrant(t)
 	err, ok := fairRecv(got, 5*time.Second)
 	if !ok {
 		t.Fatalf("the waiter did not claim its unheard grant within 5s (retries every %v); hash %q",
-			allowance/3, do(t, srv, "HGETALL", name))
+			unheardAllowance/3, do(t, srv, "HGETALL", name))
 	}
 	if err != nil {
 		t.Fatalf("Lock: %v", err)
@@ -179,8 +184,8 @@ func TestFairUnheardGrantIsClaimedOnce(t *testing.T) {
 	if cnt := do(t, srv, "HGET", name, field); cnt != "1" {
 		t.Errorf("lock hash count of the waiter = %q, want \"1\" (the claim counted the grant twice)", cnt)
 	}
-	if ms, _ := strconv.ParseInt(do(t, srv, "PTTL", name), 10, 64); ms <= 0 || ms > lease.Milliseconds() {
-		t.Errorf("PTTL after the claim = %d ms, want the waiter's lease (≤ %v): the claim did not renew", ms, lease)
+	if ms, _ := strconv.ParseInt(do(t, srv, "PTTL", name), 10, 64); ms <= 0 || ms > unheardLease.Milliseconds() {
+		t.Errorf("PTTL after the claim = %d ms, want the waiter's lease (≤ %v): the claim did not renew", ms, unheardLease)
 	}
 	if s := stats(t, c); s.DirectGrants != 0 {
 		t.Errorf("DirectGrants = %d with no grant message sent", s.DirectGrants)
@@ -191,10 +196,7 @@ func TestFairUnheardGrantIsClaimedOnce(t *testing.T) {
 	if do(t, srv, "EXISTS", name) != "0" {
 		t.Fatalf("the lock is still held after one Unlock: %q", do(t, srv, "HGETALL", name))
 	}
-	fairMustBeClean(t, srv, name)
-	if do(t, srv, "EXISTS", fairGrantsKey(name)) != "0" {
-		t.Errorf("grants hash left behind: %q", do(t, srv, "HGETALL", fairGrantsKey(name)))
-	}
+	fairGrantClean(t, srv, name)
 }
 
 // TestFairUnheardGrantGivenBackOnCancel: W1 and W2 (two clients) are queued in that
@@ -252,10 +254,7 @@ func TestFairUnheardGrantGivenBackOnCancel(t *testing.T) {
 	if err := w2.Unlock(fairCtx(t, 5*time.Second)); err != nil {
 		t.Fatalf("W2 Unlock: %v", err)
 	}
-	fairMustBeClean(t, srv, name)
-	if do(t, srv, "EXISTS", fairGrantsKey(name)) != "0" {
-		t.Errorf("grants hash left behind: %q", do(t, srv, "HGETALL", fairGrantsKey(name)))
-	}
+	fairGrantClean(t, srv, name)
 }
 
 // TestFairRedissonHeadIsWokenNotGranted: a Redisson-style waiter (raw Lua, not
@@ -304,7 +303,7 @@ func TestFairRedissonHeadIsWokenNotGranted(t *testing.T) {
 	if r := foreign.release(t, name, 30*time.Second); r != "1" {
 		t.Fatalf("foreign release = %q, want 1", r)
 	}
-	fairMustBeClean(t, srv, name)
+	fairGrantClean(t, srv, name)
 }
 
 // TestFairUnheardGrantNotTakenByTryLock: a waiter W of handle h is granted the lock
@@ -315,20 +314,7 @@ func TestFairRedissonHeadIsWokenNotGranted(t *testing.T) {
 // it stays held until both Unlocks, and then it is freed (W's later retry
 // re-enters too; its surplus count goes with the last Unlock).
 func TestFairUnheardGrantNotTakenByTryLock(t *testing.T) {
-	const (
-		lease     = time.Second // the watchdog: ≤ the allowance, so the waiter registers
-		allowance = 1500 * time.Millisecond
-	)
-	srv := testredis.New(t)
-	name := fairName(t, "")
-	c := newClient(t, srv, lockapi.Options{WatchdogTimeout: lease, FairWaitTimeout: allowance})
-
-	do(t, srv, "HSET", name, "X:1", "1")
-	do(t, srv, "PEXPIRE", name, "60000")
-	h := c.FairMutex(name)
-	got, field := fairEnqueue(t, srv, h, fairCtx(t, 20*time.Second), 1)
-	fairMustRegister(t, srv, name, field, lease)
-	fairGrantSilently(t, srv, name, field, 30*time.Second, allowance)
+	srv, _, name, h, got, field := fairUnheardGrant(t)
 
 	ok, err := h.TryLock(fairCtx(t, 5*time.Second), 0, 0)
 	if err != nil || !ok {
@@ -349,5 +335,14 @@ func TestFairUnheardGrantNotTakenByTryLock(t *testing.T) {
 		}
 	}
 	fairWaitFor(t, 5*time.Second, "the lock freed after both Unlocks", func() bool { return do(t, srv, "EXISTS", name) == "0" })
+	fairGrantClean(t, srv, name)
+}
+
+// fairGrantClean checks that name's lock, queue and grants hash are all gone.
+func fairGrantClean(t *testing.T, srv *testredis.Server, name string) {
+	t.Helper()
 	fairMustBeClean(t, srv, name)
+	if do(t, srv, "EXISTS", fairGrantsKey(name)) != "0" {
+		t.Errorf("grants hash left behind: %q", do(t, srv, "HGETALL", fairGrantsKey(name)))
+	}
 }

@@ -478,27 +478,24 @@ func (r *Redis) dropLone(d rueidis.DedicatedClient) {
 // Abort closes RunLone's dedicated connection, so a call in flight on it fails at
 // once (the client's own Close leaves a dedicated connection open), and makes
 // later calls use the shared connection.
-func (r *Redis) Abort() {
-	r.loneMu.Lock()
-	defer r.loneMu.Unlock()
-	r.closed = true
-	if r.lone != nil {
-		r.lone.Close()
-		r.loneCancel()
-		r.lone, r.loneCancel = nil, nil
-	}
-}
+func (r *Redis) Abort() { r.endLone(true) }
 
 // Close gives back RunLone's dedicated connection. Calls after Close use the
 // shared connection.
-func (r *Redis) Close() {
+func (r *Redis) Close() { r.endLone(false) }
+
+func (r *Redis) endLone(closeConn bool) {
 	r.loneMu.Lock()
 	defer r.loneMu.Unlock()
 	r.closed = true
-	if r.lone != nil {
-		r.loneCancel()
-		r.lone, r.loneCancel = nil, nil
+	if r.lone == nil {
+		return
 	}
+	if closeConn {
+		r.lone.Close()
+	}
+	r.loneCancel()
+	r.lone, r.loneCancel = nil, nil
 }
 
 // Run implements Runner.
