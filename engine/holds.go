@@ -36,6 +36,9 @@ type hold struct {
 	nextRenew time.Time // watchdog holds: when the next renewal is due
 	grantedAt time.Time // send time of the latest grant
 	renewing  bool      // a renewal of this hold is in flight
+	// expiryArmed: its expiry entry is in the wheel. A watchdog hold gets one at
+	// the first sweep after its grant, not at the grant (see onSweep).
+	expiryArmed bool
 
 	lost     *futures.Signal
 	receipts []uint64 // grants still watched for an unreceived take-back
@@ -68,7 +71,9 @@ func (m *machine) addHold(l *lockState, owner uint64, lease time.Duration, sentA
 		h.nextRenew = sentAt.Add(m.cfg.watchdog / 3)
 		m.armSweep()
 	}
-	m.armExpiry(h, now)
+	if lease != 0 || h.expiryArmed {
+		m.armExpiry(h, now)
+	}
 	return h
 }
 
@@ -122,7 +127,9 @@ func (m *machine) dropHold(h *hold) {
 	if h.lease == 0 {
 		m.watchdogHolds--
 	}
-	m.cancelTimer(timer.Key{Kind: kindExpiry, ID: h.id})
+	if h.expiryArmed {
+		m.cancelTimer(timer.Key{Kind: kindExpiry, ID: h.id})
+	}
 	for _, id := range h.receipts {
 		if r := m.receipts[id]; r != nil {
 			r.stop()

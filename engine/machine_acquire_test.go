@@ -55,10 +55,18 @@ func TestMachineAcquireFreeLock(t *testing.T) {
 				t.Fatalf("hold = %+v, want count 1 for cid:7", hd)
 			}
 			exp := s.armed(kindExpiry)
+			sweep := s.armed(kindSweep)
+			if tt.wantSweep {
+				// A watchdog hold's expiry entry waits for the first sweep.
+				if len(exp) != 0 {
+					t.Errorf("expiry timers %+v at the grant of a watchdog hold, want none before the sweep", exp)
+				}
+				h.fire(timer.Key{Kind: kindSweep})
+				exp = h.take().armed(kindExpiry)
+			}
 			if len(exp) != 1 || exp[0].key.ID != hd.id || exp[0].d != tt.wantExp {
 				t.Errorf("expiry timers %+v, want one for hold %d in %v", exp, hd.id, tt.wantExp)
 			}
-			sweep := s.armed(kindSweep)
 			if got := len(sweep) == 1; got != tt.wantSweep {
 				t.Errorf("sweep armed = %v, want %v (%v)", got, tt.wantSweep, s)
 			}

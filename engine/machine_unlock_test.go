@@ -52,6 +52,10 @@ func TestMachineUnlock(t *testing.T) {
 			if hd.count != 2 {
 				t.Fatalf("count %d after re-entry, want 2", hd.count)
 			}
+			h.fire(timer.Key{Kind: kindSweep}) // arms the hold's expiry entry
+			if exp := h.take().armed(kindExpiry); len(exp) != 1 {
+				t.Fatalf("the first sweep armed expiry entries %+v, want the hold's", exp)
+			}
 			lost := hd.lost.C()
 
 			f := h.unlock("L", 1)

@@ -37,6 +37,13 @@ func (m *machine) onSweep(now time.Time) {
 	horizon := now.Add(m.sweepInterval())
 	var batch []*hold
 	for _, h := range m.holdByID {
+		if h.lease == 0 && !h.expiryArmed {
+			// Its expiry entry, armed now rather than at the grant: most holds end
+			// within a sweep interval, and a wheel entry armed and cancelled per
+			// hold cost more than the rest of the hold's bookkeeping. The lease
+			// (the watchdog) is 12 sweep intervals, so the entry is still in time.
+			m.armExpiry(h, now)
+		}
 		if h.lease != 0 || h.renewing || h.nextRenew.After(horizon) {
 			continue
 		}
@@ -94,6 +101,7 @@ func (m *machine) onRenewDone(d scriptDone, now time.Time) {
 }
 
 func (m *machine) armExpiry(h *hold, now time.Time) {
+	h.expiryArmed = true
 	d := h.expiresAt.Add(-expiryMargin(m.leaseOf(h.lease))).Sub(now)
 	m.schedule(timer.Key{Kind: kindExpiry, ID: h.id}, d)
 }
