@@ -368,9 +368,17 @@ func (m *machine) undoAmbiguous(w *waiter) {
 	if m.holds[holdKey{l.id, w.owner}] != nil {
 		return
 	}
-	m.abandon(l, w.owner, 0)
-	if l.fair != nil && !w.oneShot {
-		w.enqueued = true // finish sends the leave
+	switch {
+	case l.fair != nil && !w.oneShot:
+		// finish sends the leave, which also gives back a hold the attempt may
+		// have taken (its claim flag is "1": this client holds nothing).
+		w.enqueued = true
+	case l.fair != nil && m.ownerQueued(l, w.owner):
+		// The owner's field may be a direct grant to its queued waiter: leave it.
+		// A count the single try may have added goes at that hold's last Unlock
+		// (see dropSurplus).
+	default:
+		m.abandon(l, w.owner, 0)
 	}
 }
 

@@ -369,7 +369,13 @@ func (m *machine) fairLeave(w *waiter) {
 		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
 		w.retryGen = 0
 	}
-	claim := m.claimFlag(l, w.owner) // before this leave counts as in flight
+	// A release of the owner's in flight (an abandon) would delete what this leave
+	// gives back; deleting twice is harmless, so only a hold this client knows of
+	// keeps the leave from giving back.
+	claim := "1"
+	if m.holds[holdKey{l.id, w.owner}] != nil {
+		claim = "0"
+	}
 	m.addLeaving(l, w.owner)
 	m.run(scriptCall{
 		script:  scripts.FairLeave,

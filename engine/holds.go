@@ -71,7 +71,9 @@ func (m *machine) addHold(l *lockState, owner uint64, lease time.Duration, sentA
 		h.nextRenew = sentAt.Add(m.cfg.watchdog / 3)
 		m.armSweep()
 	}
-	if lease != 0 || h.expiryArmed {
+	if lease != 0 || h.expiryArmed || h.expiresAt.Sub(now) < 2*m.sweepInterval() {
+		// A watchdog hold otherwise waits for the first sweep (see onSweep), unless
+		// its grant came so late that the sweep could be late for it.
 		m.armExpiry(h, now)
 	}
 	return h
