@@ -132,8 +132,8 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 	}
 	m.run(scriptCall{
 		script:  scripts.LockAcquire,
-		keys:    []string{w.lock.name},
-		args:    []string{millis(m.leaseOf(w.lease)), ownerField(m.cfg.clientID, w.owner)},
+		keys:    w.lock.nameKeys,
+		args:    []string{m.leaseText(w.lease), ownerField(m.cfg.clientID, w.owner)},
 		purpose: purposeAttempt,
 		lock:    w.lock.id,
 		waiter:  w.id,
@@ -147,6 +147,14 @@ func (m *machine) leaseOf(lease time.Duration) time.Duration {
 		return lease
 	}
 	return m.cfg.watchdog
+}
+
+// leaseText is millis(m.leaseOf(lease)), the watchdog's text made once.
+func (m *machine) leaseText(lease time.Duration) string {
+	if lease > 0 {
+		return millis(lease)
+	}
+	return m.watchdogText
 }
 
 // park makes sure a lock with waiters hears about releases: its channel subscribed,

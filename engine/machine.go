@@ -37,7 +37,8 @@ const (
 // machine is the engine's pure state machine: every method runs on the loop
 // goroutine, takes the time as an argument, blocks on nothing, and appends effects.
 type machine struct {
-	cfg config
+	watchdogText string // millis(cfg.watchdog), for every script call of a watchdog hold
+	cfg          config
 
 	locks         map[string]*lockState
 	lockByID      map[uint64]*lockState
@@ -70,6 +71,7 @@ func newMachine(cfg config) *machine {
 		serial:        make(map[holdKey]*ownerCalls),
 		lostHolds:     make(map[holdKey]struct{}),
 		holdByID:      make(map[uint64]*hold),
+		watchdogText:  millis(cfg.watchdog),
 	}
 }
 
@@ -112,6 +114,9 @@ type lockState struct {
 	name    string
 	channel string
 	fair    *fairKeys // nil for the reentrant lock
+	// nameKeys and releaseKeys are the KEYS of lock_acquire and of lock_release
+	// and lock_handoff, made once; script calls share them read-only.
+	nameKeys, releaseKeys []string
 
 	queue queue // waiters in arrival order; the head is the one that retries
 
@@ -163,6 +168,8 @@ func (m *machine) lockFor(name string, fair bool) *lockState {
 	}
 	m.nextID++
 	l := &lockState{id: m.nextID, name: name, channel: channelName(name)}
+	l.nameKeys = []string{l.name}
+	l.releaseKeys = []string{l.name, l.channel}
 	if fair {
 		k := newFairKeys(name, m.cfg.clientID)
 		l.fair = &k

@@ -3,6 +3,7 @@ package engine
 import (
 	"strconv"
 	"strings"
+	"time"
 )
 
 // The wire names of Redisson's reentrant lock (shared/PROTOCOL.md, "Names").
@@ -31,7 +32,7 @@ func ownerField(clientID string, owner uint64) string {
 }
 
 // millis renders a duration as whole milliseconds for PEXPIRE, at least 1.
-func millis(d interface{ Milliseconds() int64 }) string {
+func millis(d time.Duration) string {
 	ms := d.Milliseconds()
 	if ms < 1 {
 		ms = 1

@@ -44,7 +44,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		m.run(scriptCall{
 			script:  scripts.FairRelease,
 			keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
-			args:    []string{unlockMessage, millis(m.leaseOf(h.lease)), h.field, wallMillis(now), millis(m.cfg.fairWait)},
+			args:    []string{unlockMessage, m.leaseText(h.lease), h.field, wallMillis(now), millis(m.cfg.fairWait)},
 			purpose: purposeUnlock,
 			lock:    l.id,
 			hold:    h.id,
@@ -56,8 +56,8 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	}
 	m.run(scriptCall{
 		script:  scripts.LockRelease,
-		keys:    []string{l.name, l.channel},
-		args:    []string{unlockMessage, millis(m.leaseOf(h.lease)), h.field},
+		keys:    l.releaseKeys,
+		args:    []string{unlockMessage, m.leaseText(h.lease), h.field},
 		purpose: purposeUnlock,
 		lock:    l.id,
 		hold:    h.id,
@@ -113,8 +113,8 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	w.attempting = true
 	call := scriptCall{
 		script:   scripts.LockHandoff,
-		keys:     []string{l.name, l.channel},
-		args:     []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)), bound, unlockMessage},
+		keys:     l.releaseKeys,
+		args:     []string{h.field, m.leaseText(h.lease), ownerField(m.cfg.clientID, w.owner), m.leaseText(w.lease), bound, unlockMessage},
 		purpose:  purposeHandoff,
 		lock:     l.id,
 		waiter:   w.id,
@@ -128,7 +128,7 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 		// No bound: the fair script hands over only to the Redis queue's head.
 		call.script = scripts.FairHandoff
 		call.keys = []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants}
-		call.args = []string{h.field, millis(m.leaseOf(h.lease)), ownerField(m.cfg.clientID, w.owner), millis(m.leaseOf(w.lease)),
+		call.args = []string{h.field, m.leaseText(h.lease), ownerField(m.cfg.clientID, w.owner), m.leaseText(w.lease),
 			millis(m.cfg.fairWait), wallMillis(now), unlockMessage}
 	}
 	m.run(call)

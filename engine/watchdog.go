@@ -63,7 +63,7 @@ func (m *machine) renew(batch []*hold) {
 	keys := make([]string, len(batch))
 	args := make([]string, 1, len(batch)+1)
 	ids := make([]uint64, len(batch))
-	args[0] = millis(m.cfg.watchdog)
+	args[0] = m.watchdogText
 	for i, h := range batch {
 		h.renewing = true
 		keys[i] = h.lock.name
