@@ -169,19 +169,25 @@ func (m *machine) park(l *lockState, ttl time.Duration, now time.Time) {
 	m.armRetry(l, ttl)
 }
 
-func (m *machine) armRetry(l *lockState, d time.Duration) {
-	if l.retryGen != 0 {
-		m.cancelTimer(timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen})
-	}
+func (m *machine) armRetry(l *lockState, d time.Duration) { m.rearm(kindRetry, l.id, &l.retryGen, d) }
+
+func (m *machine) disarmRetry(l *lockState) { m.disarm(kindRetry, l.id, &l.retryGen) }
+
+// rearm replaces the timer of kind and id whose generation *gen holds (0: none)
+// with one firing after d, under a new generation: a firing of the replaced
+// timer that is already on its way then carries a stale generation.
+func (m *machine) rearm(kind uint8, id uint64, gen *uint64, d time.Duration) {
+	m.disarm(kind, id, gen)
 	m.nextID++
-	l.retryGen = m.nextID
-	m.schedule(timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen}, d)
+	*gen = m.nextID
+	m.schedule(timer.Key{Kind: kind, ID: id, Gen: *gen}, d)
 }
 
-func (m *machine) disarmRetry(l *lockState) {
-	if l.retryGen != 0 {
-		m.cancelTimer(timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen})
-		l.retryGen = 0
+// disarm cancels the timer of kind and id whose generation *gen holds, if any.
+func (m *machine) disarm(kind uint8, id uint64, gen *uint64) {
+	if *gen != 0 {
+		m.cancelTimer(timer.Key{Kind: kind, ID: id, Gen: *gen})
+		*gen = 0
 	}
 }
 
@@ -299,9 +305,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 	delete(m.waiters, w.id)
 	m.cancelWait(w)
 	w.enqueued = false // the script took it out of the Redis queue
-	if w.retryGen != 0 {
-		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
-	}
+	m.disarm(kindFairRetry, w.id, &w.retryGen)
 	h := m.addHold(l, w.owner, w.lease, sentAt, now)
 	m.stats.Grants++
 

@@ -64,15 +64,22 @@ type fairKeys struct {
 	timeout string // redisson_lock_timeout:{name}
 	pattern string // redisson_lock__channel:{name}:<client-id>:*, glob-escaped
 	grants  string // leash_lock_grants:{name}: waiters registered for direct grants
+
+	// acquireKeys are fair_acquire's KEYS; keys are every other fair script's
+	// (hash, queue, deadlines, channel prefix, grants). Made once, shared read-only.
+	acquireKeys, keys []string
 }
 
 func newFairKeys(lock, clientID string) fairKeys {
-	return fairKeys{
+	k := fairKeys{
 		queue:   "redisson_lock_queue:" + tagged(lock),
 		timeout: "redisson_lock_timeout:" + tagged(lock),
 		pattern: globEscape(channelName(lock)+":"+clientID+":") + "*",
 		grants:  "leash_lock_grants:" + tagged(lock),
 	}
+	k.acquireKeys = []string{lock, k.queue, k.timeout, k.grants}
+	k.keys = []string{lock, k.queue, k.timeout, channelName(lock), k.grants}
+	return k
 }
 
 // globEscape escapes the characters Redis glob patterns treat specially.
@@ -133,7 +140,7 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 	m.run(scriptCall{
 		joining: joining,
 		script:  scripts.FairAcquire,
-		keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.fair.grants},
+		keys:    l.fair.acquireKeys,
 		args: []string{millis(lease), ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), wallMillis(now), try,
 			register, claim},
 		purpose: purposeAttempt,
@@ -275,12 +282,7 @@ func (m *machine) fairRetryDelay(ttl time.Duration) time.Duration {
 }
 
 func (m *machine) armFairRetry(w *waiter, d time.Duration) {
-	if w.retryGen != 0 {
-		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
-	}
-	m.nextID++
-	w.retryGen = m.nextID
-	m.schedule(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen}, d)
+	m.rearm(kindFairRetry, w.id, &w.retryGen, d)
 }
 
 func (m *machine) onFairRetry(key timer.Key, now time.Time) {
@@ -365,10 +367,7 @@ func (m *machine) fairWakeFirst(l *lockState, now time.Time) {
 func (m *machine) fairLeave(w *waiter) {
 	l := w.lock
 	w.enqueued = false
-	if w.retryGen != 0 {
-		m.cancelTimer(timer.Key{Kind: kindFairRetry, ID: w.id, Gen: w.retryGen})
-		w.retryGen = 0
-	}
+	m.disarm(kindFairRetry, w.id, &w.retryGen)
 	// A release of the owner's in flight (an abandon) would delete what this leave
 	// gives back; deleting twice is harmless, so only a hold this client knows of
 	// keeps the leave from giving back.
@@ -379,7 +378,7 @@ func (m *machine) fairLeave(w *waiter) {
 	m.addLeaving(l, w.owner)
 	m.run(scriptCall{
 		script:  scripts.FairLeave,
-		keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
+		keys:    l.fair.keys,
 		args:    []string{ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), claim},
 		purpose: purposeLeave,
 		lock:    l.id,

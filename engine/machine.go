@@ -185,9 +185,7 @@ func (m *machine) maybeForget(l *lockState) {
 	if l.queue.len > 0 || len(l.holders) > 0 || l.attempting != nil || l.inflight > 0 || l.sub != subNone {
 		return
 	}
-	if l.retryGen != 0 {
-		m.cancelTimer(timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen})
-	}
+	m.disarmRetry(l)
 	delete(m.locks, l.name)
 	delete(m.lockByID, l.id)
 	delete(m.lockByChannel, l.channel)

@@ -40,21 +40,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		m.handoff(l, h, w, msg.future, now)
 		return
 	}
-	if l.fair != nil {
-		m.run(scriptCall{
-			script:  scripts.FairRelease,
-			keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
-			args:    []string{unlockMessage, m.leaseText(h.lease), h.field, wallMillis(now), millis(m.cfg.fairWait)},
-			purpose: purposeUnlock,
-			lock:    l.id,
-			hold:    h.id,
-			unlock:  msg.future,
-			owner:   h.owner,
-			serial:  true,
-		})
-		return
-	}
-	m.run(scriptCall{
+	call := scriptCall{
 		script:  scripts.LockRelease,
 		keys:    l.releaseKeys,
 		args:    []string{unlockMessage, m.leaseText(h.lease), h.field},
@@ -64,7 +50,13 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		unlock:  msg.future,
 		owner:   h.owner,
 		serial:  true,
-	})
+	}
+	if l.fair != nil {
+		call.script = scripts.FairRelease
+		call.keys = l.fair.keys
+		call.args = append(call.args, wallMillis(now), millis(m.cfg.fairWait))
+	}
+	m.run(call)
 }
 
 // handoffTarget returns the local waiter that h's release may hand the lock to
@@ -127,7 +119,7 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	if l.fair != nil {
 		// No bound: the fair script hands over only to the Redis queue's head.
 		call.script = scripts.FairHandoff
-		call.keys = []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants}
+		call.keys = l.fair.keys
 		call.args = []string{h.field, m.leaseText(h.lease), ownerField(m.cfg.clientID, w.owner), m.leaseText(w.lease),
 			millis(m.cfg.fairWait), wallMillis(now), unlockMessage}
 	}
@@ -254,7 +246,7 @@ func (m *machine) onForceUnlock(msg forceUnlockMsg, now time.Time) {
 	if l.fair != nil {
 		m.run(scriptCall{
 			script:  scripts.FairForceRelease,
-			keys:    []string{l.name, l.fair.queue, l.fair.timeout, l.channel, l.fair.grants},
+			keys:    l.fair.keys,
 			args:    []string{unlockMessage, wallMillis(now)},
 			purpose: purposeForce,
 			lock:    l.id,
