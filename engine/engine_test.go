@@ -90,6 +90,55 @@ func TestEngineAcquireUnlock(t *testing.T) {
 	eventually(t, "lock state forgotten", func() bool { return h.stats().Locks == 0 })
 }
 
+// contention runs goroutines that each take lock rounds times on an engine, with a
+// fresh owner each, and records how many were inside at once.
+type contention struct {
+	wg                      sync.WaitGroup
+	inside, maxInside, done atomic.Int32
+	mu                      sync.Mutex
+	errs                    []error
+}
+
+func (c *contention) run(ctx context.Context, e *Engine, lock string, rounds int) {
+	owner := e.NewOwner()
+	c.wg.Go(func() {
+		for range rounds {
+			if err := <-e.Acquire(ctx, AcquireRequest{Lock: lock, Owner: owner, Wait: -1}); err != nil {
+				c.fail(fmt.Errorf("acquire: %w", err))
+				return
+			}
+			n := c.inside.Add(1)
+			for m := c.maxInside.Load(); n > m && !c.maxInside.CompareAndSwap(m, n); m = c.maxInside.Load() {
+			}
+			c.inside.Add(-1)
+			if err := e.Unlock(context.Background(), lock, owner); err != nil {
+				c.fail(fmt.Errorf("unlock: %w", err))
+				return
+			}
+		}
+		c.done.Add(1)
+	})
+}
+
+func (c *contention) fail(err error) {
+	c.mu.Lock()
+	c.errs = append(c.errs, err)
+	c.mu.Unlock()
+}
+
+// check waits for every goroutine, then reports their errors and any moment with
+// more than one holder.
+func (c *contention) check(t *testing.T) {
+	t.Helper()
+	c.wg.Wait()
+	for _, err := range c.errs {
+		t.Error(err)
+	}
+	if got := c.maxInside.Load(); got != 1 {
+		t.Errorf("at most %d holders at once, want 1", got)
+	}
+}
+
 // 200 goroutines of one process contend on one lock: every one gets it, and never
 // two at once.
 func TestEngineMutualExclusion(t *testing.T) {
@@ -98,38 +147,12 @@ func TestEngineMutualExclusion(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	var inside, maxInside, done atomic.Int32
-	var wg sync.WaitGroup
-	errs := make(chan error, goroutines)
+	var c contention
 	for range goroutines {
-		owner := h.e.NewOwner()
-		wg.Go(func() {
-			for range rounds {
-				if err := <-h.e.Acquire(ctx, AcquireRequest{Lock: "L", Owner: owner, Wait: -1}); err != nil {
-					errs <- fmt.Errorf("acquire: %w", err)
-					return
-				}
-				n := inside.Add(1)
-				for m := maxInside.Load(); n > m && !maxInside.CompareAndSwap(m, n); m = maxInside.Load() {
-				}
-				inside.Add(-1)
-				if err := h.e.Unlock(ctx, "L", owner); err != nil {
-					errs <- fmt.Errorf("unlock: %w", err)
-					return
-				}
-			}
-			done.Add(1)
-		})
+		c.run(ctx, h.e, "L", rounds)
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if got := maxInside.Load(); got != 1 {
-		t.Errorf("at most %d holders at once, want 1", got)
-	}
-	if got := done.Load(); got != goroutines {
+	c.check(t)
+	if got := c.done.Load(); got != goroutines {
 		t.Errorf("%d goroutines finished, want %d", got, goroutines)
 	}
 	if got := r.holders("L"); got != nil {
@@ -163,38 +186,13 @@ func TestEngineMutualExclusionAcrossEngines(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	var inside, maxInside atomic.Int32
-	var wg sync.WaitGroup
-	errs := make(chan error, engines*goroutines)
+	var c contention
 	for _, h := range hs {
 		for range goroutines {
-			owner := h.e.NewOwner()
-			wg.Go(func() {
-				for range rounds {
-					if err := <-h.e.Acquire(ctx, AcquireRequest{Lock: "X", Owner: owner, Wait: -1}); err != nil {
-						errs <- fmt.Errorf("acquire: %w", err)
-						return
-					}
-					n := inside.Add(1)
-					for m := maxInside.Load(); n > m && !maxInside.CompareAndSwap(m, n); m = maxInside.Load() {
-					}
-					inside.Add(-1)
-					if err := h.e.Unlock(context.Background(), "X", owner); err != nil {
-						errs <- fmt.Errorf("unlock: %w", err)
-						return
-					}
-				}
-			})
+			c.run(ctx, h.e, "X", rounds)
 		}
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if got := maxInside.Load(); got != 1 {
-		t.Errorf("at most %d holders at once, want 1", got)
-	}
+	c.check(t)
 	var attempts uint64
 	for _, h := range hs {
 		attempts += h.stats().Attempts

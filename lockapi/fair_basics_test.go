@@ -133,9 +133,7 @@ func TestFairLostOnLeaseExpiry(t *testing.T) {
 	if lostAfter < lease/2 {
 		t.Errorf("Lost closed after %v, long before the %v lease could end", lostAfter, lease)
 	}
-	if err, ok := fairRecv(got, 3*time.Second); !ok || err != nil {
-		t.Fatalf("the queued waiter after the lease ran out: %v (returned %v)", err, ok)
-	}
+	fairMustGet(t, "the queued waiter after the lease ran out", got)
 	if err := m.Unlock(fairCtx(t, 5*time.Second)); !errors.Is(err, lockapi.ErrNotHeld) {
 		t.Errorf("Unlock after the lease ran out = %v, want ErrNotHeld", err)
 	}
@@ -143,9 +141,7 @@ func TestFairLostOnLeaseExpiry(t *testing.T) {
 		t.Errorf("HoldCount of the expired handle = %d", n)
 	}
 	t.Logf("Lost closed %v after Lock began (lease %v)", lostAfter, lease)
-	if err := waiter.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("waiter Unlock: %v", err)
-	}
+	unlock(t, waiter)
 	fairMustBeClean(t, srv, name)
 }
 
@@ -173,9 +169,7 @@ func TestFairForceUnlockWakesHead(t *testing.T) {
 	if err != nil || !existed {
 		t.Fatalf("ForceUnlock = %v, %v; want true", existed, err)
 	}
-	if err, ok := fairRecv(gotHead, 3*time.Second); !ok || err != nil {
-		t.Fatalf("head waiter after ForceUnlock: %v (returned %v)", err, ok)
-	}
+	fairMustGet(t, "head waiter after ForceUnlock", gotHead)
 	wake := time.Since(forced)
 	if still, err := fairStillWaiting(gotNext, 50*time.Millisecond); !still {
 		t.Fatalf("the second waiter got %v while the head holds", err)
@@ -188,15 +182,9 @@ func TestFairForceUnlockWakesHead(t *testing.T) {
 	if err := holder.Unlock(fairCtx(t, 5*time.Second)); !errors.Is(err, lockapi.ErrNotHeld) {
 		t.Errorf("Unlock by the force-released holder = %v, want ErrNotHeld", err)
 	}
-	if err := head.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("head Unlock: %v", err)
-	}
-	if err, ok := fairRecv(gotNext, 3*time.Second); !ok || err != nil {
-		t.Fatalf("second waiter: %v (returned %v)", err, ok)
-	}
-	if err := next.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("second waiter Unlock: %v", err)
-	}
+	unlock(t, head)
+	fairMustGet(t, "second waiter", gotNext)
+	unlock(t, next)
 	t.Logf("head woken %v after ForceUnlock", wake)
 	fairMustBeClean(t, srv, name)
 }
@@ -278,26 +266,14 @@ func TestFairReentryWhileQueued(t *testing.T) {
 	if q := fairList(t, srv, fairQueueKey(name)); !slices.Equal(q, queued) {
 		t.Errorf("queue changed by a re-entry: %q, was %q", q, queued)
 	}
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("Unlock #1: %v", err)
-	}
+	unlock(t, holder)
 	if still, err := fairStillWaiting(gotLocal, 50*time.Millisecond); !still {
 		t.Fatalf("a waiter got %v while the holder still holds once", err)
 	}
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("Unlock #2: %v", err)
-	}
-	if err, ok := fairRecv(gotLocal, 3*time.Second); !ok || err != nil {
-		t.Fatalf("first waiter: %v (returned %v)", err, ok)
-	}
-	if err := local.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("first waiter Unlock: %v", err)
-	}
-	if err, ok := fairRecv(gotRemote, 3*time.Second); !ok || err != nil {
-		t.Fatalf("second waiter: %v (returned %v)", err, ok)
-	}
-	if err := remote.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("second waiter Unlock: %v", err)
-	}
+	unlock(t, holder)
+	fairMustGet(t, "first waiter", gotLocal)
+	unlock(t, local)
+	fairMustGet(t, "second waiter", gotRemote)
+	unlock(t, remote)
 	fairMustBeClean(t, srv, name)
 }

@@ -76,9 +76,7 @@ func fairGrantWarm(t *testing.T, c *lockapi.Client) {
 	if err := m.Lock(fairCtx(t, 5*time.Second)); err != nil {
 		t.Fatalf("warm-up Lock: %v", err)
 	}
-	if err := m.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("warm-up Unlock: %v", err)
-	}
+	unlock(t, m)
 }
 
 // fairMustRegister asserts owner's registration in the grants hash is "<lease ms>:<id>".
@@ -116,9 +114,7 @@ func TestFairDirectGrantAcrossClients(t *testing.T) {
 	if err := srv.ResetStats(); err != nil {
 		t.Fatal(err)
 	}
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
+	unlock(t, holder)
 	if err, ok := fairRecv(got, 5*time.Second); !ok || err != nil {
 		t.Fatalf("waiter after the holder's Unlock: %v (returned %v)", err, ok)
 	}
@@ -134,9 +130,7 @@ func TestFairDirectGrantAcrossClients(t *testing.T) {
 	if do(t, srv, "HEXISTS", fairGrantsKey(name), field) != "0" {
 		t.Errorf("the granted waiter is still registered for a grant")
 	}
-	if err := waiter.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("waiter Unlock: %v", err)
-	}
+	unlock(t, waiter)
 	fairGrantClean(t, srv, name)
 }
 
@@ -190,9 +184,7 @@ func TestFairUnheardGrantIsClaimedOnce(t *testing.T) {
 	if s := stats(t, c); s.DirectGrants != 0 {
 		t.Errorf("DirectGrants = %d with no grant message sent", s.DirectGrants)
 	}
-	if err := w.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("Unlock: %v", err)
-	}
+	unlock(t, w)
 	if do(t, srv, "EXISTS", name) != "0" {
 		t.Fatalf("the lock is still held after one Unlock: %q", do(t, srv, "HGETALL", name))
 	}
@@ -251,9 +243,7 @@ func TestFairUnheardGrantGivenBackOnCancel(t *testing.T) {
 	if s := stats(t, c2); s.DirectGrants != 1 {
 		t.Errorf("W2's client DirectGrants = %d, want 1: the leave should pass the lock on directly", s.DirectGrants)
 	}
-	if err := w2.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("W2 Unlock: %v", err)
-	}
+	unlock(t, w2)
 	fairGrantClean(t, srv, name)
 }
 
@@ -279,9 +269,7 @@ func TestFairRedissonHeadIsWokenNotGranted(t *testing.T) {
 	if do(t, srv, "HEXISTS", fairGrantsKey(name), foreign.owner) != "0" {
 		t.Fatalf("the foreign waiter is registered for a grant")
 	}
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
+	unlock(t, holder)
 	if do(t, srv, "EXISTS", name) != "0" {
 		t.Fatalf("after the leash Unlock the lock is held: %q (granted to a head that did not register)",
 			do(t, srv, "HGETALL", name))
@@ -330,9 +318,7 @@ func TestFairUnheardGrantNotTakenByTryLock(t *testing.T) {
 		if do(t, srv, "EXISTS", name) != "1" {
 			t.Fatalf("the lock is free with %d of 2 holds still unreleased", 2-i)
 		}
-		if err := h.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-			t.Fatalf("Unlock %d: %v", i+1, err)
-		}
+		unlock(t, h)
 	}
 	fairWaitFor(t, 5*time.Second, "the lock freed after both Unlocks", func() bool { return do(t, srv, "EXISTS", name) == "0" })
 	fairGrantClean(t, srv, name)

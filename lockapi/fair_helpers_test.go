@@ -16,9 +16,9 @@ import (
 	"github.com/redis/rueidis"
 )
 
-// Helpers of the fair-lock integration tests (fair_*_test.go). They are
-// self-contained (prefixed "fair") so these files do not depend on the helpers of
-// the package's other test files.
+// Helpers of the fair-lock integration tests (fair_*_test.go), prefixed "fair".
+// The tests also use the package's shared helpers (newClient, do, stats, unlock in
+// main_test.go).
 //
 // Multi-process tests re-execute this test binary running only
 // TestFairHelperProcess, with the helper's role and parameters in environment
@@ -140,6 +140,14 @@ func fairRecv(ch <-chan error, d time.Duration) (err error, ok bool) {
 		return err, true
 	case <-time.After(d):
 		return nil, false
+	}
+}
+
+// fairMustGet fails the test unless ch answers nil within 3 s.
+func fairMustGet(t *testing.T, what string, ch <-chan error) {
+	t.Helper()
+	if err, ok := fairRecv(ch, 3*time.Second); !ok || err != nil {
+		t.Fatalf("%s: %v (answered %v)", what, err, ok)
 	}
 }
 

@@ -220,9 +220,7 @@ func TestFairInteropForeignRedisson(t *testing.T) {
 		t.Errorf("deadlines: foreign %d, leash waiter %d (present %v): want the waiter's %v later", fd, wd, ok, allowance)
 	}
 
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
+	unlock(t, holder)
 	select {
 	case msg := <-notes:
 		if msg != "0" {
@@ -263,9 +261,7 @@ func TestFairInteropForeignRedisson(t *testing.T) {
 	if hk := do(t, srv, "HKEYS", name); hk != waiterField {
 		t.Errorf("lock hash fields = %q, want the waiter's %q", hk, waiterField)
 	}
-	if err := waiter.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("waiter Unlock: %v", err)
-	}
+	unlock(t, waiter)
 
 	if o := fairList(t, srv, order); !slices.Equal(o, []string{"leash-holder", "foreign", "leash-waiter"}) {
 		t.Errorf("order of acquisition = %q", o)

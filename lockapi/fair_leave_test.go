@@ -89,24 +89,14 @@ func TestFairCancelledWaiterLeavesQueue(t *testing.T) {
 		took, atOnce, beforeC-afterC)
 
 	// The queue still works: A, then C.
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
-	if err, ok := fairRecv(gotA, 3*time.Second); !ok || err != nil {
-		t.Fatalf("A after the holder's Unlock: %v (returned %v)", err, ok)
-	}
+	unlock(t, holder)
+	fairMustGet(t, "A after the holder's Unlock", gotA)
 	if still, err := fairStillWaiting(gotC, 50*time.Millisecond); !still {
 		t.Fatalf("C got %v while A holds the lock", err)
 	}
-	if err := a.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("A Unlock: %v", err)
-	}
-	if err, ok := fairRecv(gotC, 3*time.Second); !ok || err != nil {
-		t.Fatalf("C after A's Unlock: %v (returned %v)", err, ok)
-	}
-	if err := c.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("C Unlock: %v", err)
-	}
+	unlock(t, a)
+	fairMustGet(t, "C after A's Unlock", gotC)
+	unlock(t, c)
 	fairMustBeClean(t, srv, name)
 }
 
@@ -161,15 +151,9 @@ func TestFairTryLockTimeoutLeavesQueue(t *testing.T) {
 	}
 	t.Logf("the TryLock's field left %v after it returned false (gone at the first look: %v)", took, atOnce)
 
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
-	if err, ok := fairRecv(gotE, 3*time.Second); !ok || err != nil {
-		t.Fatalf("next waiter after the holder's Unlock: %v (returned %v)", err, ok)
-	}
-	if err := e.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("Unlock: %v", err)
-	}
+	unlock(t, holder)
+	fairMustGet(t, "next waiter after the holder's Unlock", gotE)
+	unlock(t, e)
 	fairMustBeClean(t, srv, name)
 }
 
@@ -212,9 +196,7 @@ func TestFairKilledWaiterSkipped(t *testing.T) {
 		t.Fatal("the killed helper has not exited")
 	}
 	released := time.Now()
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
+	unlock(t, holder)
 	err, ok := fairRecv(got, 6*time.Second)
 	if !ok {
 		t.Fatalf("the waiter behind the killed one has not got the lock 6s after the release; queue %q, deadlines %q",
@@ -232,9 +214,7 @@ func TestFairKilledWaiterSkipped(t *testing.T) {
 	if q := fairList(t, srv, fairQueueKey(name)); len(q) != 0 {
 		t.Errorf("queue after the grant = %q, want empty", q)
 	}
-	if err := waiter.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("waiter Unlock: %v", err)
-	}
+	unlock(t, waiter)
 	fairMustBeClean(t, srv, name)
 }
 
@@ -282,9 +262,7 @@ func TestFairAskAgainAfterTryLockStaysQueued(t *testing.T) {
 			// What it costs: the holder's release notifies nobody; the waiter sleeps until
 			// its own retry timer (up to the holder's lease at the time it queued).
 			released := time.Now()
-			if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-				t.Fatalf("holder Unlock: %v", err)
-			}
+			unlock(t, holder)
 			if err, ok := fairRecv(got, 3*time.Second); ok {
 				t.Logf("after the holder's release the stranded waiter got %v in %v", err, time.Since(released))
 				if err == nil {
@@ -304,9 +282,7 @@ func TestFairAskAgainAfterTryLockStaysQueued(t *testing.T) {
 		}
 		fairWaitLen(t, srv, queue, 0, 2*time.Second)
 	}
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
+	unlock(t, holder)
 	fairMustBeClean(t, srv, name)
 }
 
@@ -340,14 +316,8 @@ func TestFairCloseLeavesQueue(t *testing.T) {
 	if q := fairList(t, srv, fairQueueKey(name)); !slices.Equal(q, []string{fieldW}) {
 		t.Errorf("queue right after Close = %q, want only the other client's waiter", q)
 	}
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
-	if err, ok := fairRecv(gotW, 3*time.Second); !ok || err != nil {
-		t.Fatalf("the remaining waiter: %v (returned %v)", err, ok)
-	}
-	if err := w.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("Unlock: %v", err)
-	}
+	unlock(t, holder)
+	fairMustGet(t, "the remaining waiter", gotW)
+	unlock(t, w)
 	fairMustBeClean(t, srv, name)
 }

@@ -51,15 +51,9 @@ func TestFairHeadWaiterDoesNotPollDuringLongHold(t *testing.T) {
 			"it polls Redis instead of waiting for its notice; want at most %d", attempts, hold, float64(attempts)/hold.Seconds(), limit)
 	}
 
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
-	if err, ok := fairRecv(got, 3*time.Second); !ok || err != nil {
-		t.Fatalf("waiter after the release: %v (returned %v)", err, ok)
-	}
-	if err := waiter.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("waiter Unlock: %v", err)
-	}
+	unlock(t, holder)
+	fairMustGet(t, "waiter after the release", got)
+	unlock(t, waiter)
 	fairMustBeClean(t, srv, name)
 }
 
@@ -111,9 +105,7 @@ func TestFairLiveWaitersKeepTheirPlace(t *testing.T) {
 			"(allowance %v, holder lease %v): a live waiter lost its place", named, changedAt.Round(time.Millisecond), hold, allowance, lease)
 	}
 
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
+	unlock(t, holder)
 	var order []string
 	for len(order) < 2 {
 		select {
@@ -122,17 +114,13 @@ func TestFairLiveWaitersKeepTheirPlace(t *testing.T) {
 				t.Fatalf("A: %v", err)
 			}
 			order = append(order, "A")
-			if err := a.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-				t.Fatalf("A Unlock: %v", err)
-			}
+			unlock(t, a)
 		case err := <-gotB:
 			if err != nil {
 				t.Fatalf("B: %v", err)
 			}
 			order = append(order, "B")
-			if err := b.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-				t.Fatalf("B Unlock: %v", err)
-			}
+			unlock(t, b)
 		case <-time.After(5 * time.Second):
 			t.Fatalf("waiters stuck after the release; order so far %q", order)
 		}
@@ -179,11 +167,7 @@ func TestFairWaiterDoesNotPollBehindPersistentKey(t *testing.T) {
 	if r := foreign.release(t, name, 30*time.Second); r != "1" {
 		t.Fatalf("foreign release = %q, want 1", r)
 	}
-	if err, ok := fairRecv(got, 3*time.Second); !ok || err != nil {
-		t.Fatalf("waiter after the foreign release: %v (returned %v)", err, ok)
-	}
-	if err := waiter.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("waiter Unlock: %v", err)
-	}
+	fairMustGet(t, "waiter after the foreign release", got)
+	unlock(t, waiter)
 	fairMustBeClean(t, srv, name)
 }

@@ -50,9 +50,7 @@ func TestFairOrderAcrossProcesses(t *testing.T) {
 	}
 
 	start := time.Now()
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
+	unlock(t, holder)
 	fairWaitFor(t, 30*time.Second, "21 acquisitions", func() bool { return fairLen(t, srv, result) >= waiters+1 })
 	elapsed := time.Since(start)
 	for _, p := range procs {
@@ -105,9 +103,7 @@ func TestFairReleaserRequeuesInProcess(t *testing.T) {
 		got, _ := fairEnqueue(t, srv, m, fairCtx(t, 30*time.Second), k+1)
 		go serve(m, strconv.Itoa(k), got)
 	}
-	if err := holder.Unlock(fairCtx(t, 5*time.Second)); err != nil {
-		t.Fatalf("holder Unlock: %v", err)
-	}
+	unlock(t, holder)
 	go serve(holder, "holder", holder.Acquire(fairCtx(t, 30*time.Second)))
 	for range waiters + 1 {
 		select {
