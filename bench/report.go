@@ -137,44 +137,31 @@ func nanIf(cond bool, x float64) float64 {
 
 // ---- run selection ----
 
-func aRuns(res *Results, contender string, g int) []ARun {
-	var out []ARun
-	for _, r := range res.A {
-		if r.Contender == contender && r.G == g {
-			out = append(out, r)
+// where returns the elements of xs that keep accepts, in order.
+func where[T any](xs []T, keep func(T) bool) []T {
+	var out []T
+	for _, x := range xs {
+		if keep(x) {
+			out = append(out, x)
 		}
 	}
 	return out
+}
+
+func aRuns(res *Results, contender string, g int) []ARun {
+	return where(res.A, func(r ARun) bool { return r.Contender == contender && r.G == g })
 }
 
 func bRuns(res *Results, contender string) []BRun {
-	var out []BRun
-	for _, r := range res.B {
-		if r.Contender == contender {
-			out = append(out, r)
-		}
-	}
-	return out
+	return where(res.B, func(r BRun) bool { return r.Contender == contender })
 }
 
 func cRuns(res *Results, contender string, procs int) []CRun {
-	var out []CRun
-	for _, r := range res.C {
-		if r.Contender == contender && r.Procs == procs {
-			out = append(out, r)
-		}
-	}
-	return out
+	return where(res.C, func(r CRun) bool { return r.Contender == contender && r.Procs == procs })
 }
 
 func dRuns(res *Results, contender string) []DRun {
-	var out []DRun
-	for _, r := range res.D {
-		if r.Contender == contender {
-			out = append(out, r)
-		}
-	}
-	return out
+	return where(res.D, func(r DRun) bool { return r.Contender == contender })
 }
 
 // dPooled returns the latency over every sample of the contender's D runs.
