@@ -46,7 +46,8 @@ type scriptCall struct {
 	lock     uint64   // lock id
 	waiter   uint64   // purposeAttempt, purposeHandoff
 	receiver uint64   // purposeHandoff: the waiter's owner
-	hold     uint64   // purposeUnlock, purposeHandoff
+	hold     uint64   // purposeUnlock, purposeHandoff (early: the receiver's new hold, 0 if none)
+	early    bool     // purposeHandoff: the receiver was granted before the reply (see handoff.go)
 	owner    uint64   // purposeLeave; and with serial, the owner whose call this is
 	serial   bool     // one of the owner's serialized calls (see serial.go)
 	joining  bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)

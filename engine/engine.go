@@ -260,6 +260,25 @@ func (e *Engine) Lost(lock string, owner uint64) <-chan struct{} {
 	}
 }
 
+// Settle returns once no Unlock, re-entry or local handoff of owner on lock is in
+// flight, so that what Redis then says of the owner's hold reflects every such call
+// that has returned, and an early-granted hold (see handoff.go) is on the server.
+// It returns ctx's error if ctx ends first, and ErrClosed once the engine is closed.
+func (e *Engine) Settle(ctx context.Context, lock string, owner uint64) error {
+	f := futures.New[error]()
+	if err := e.send(ctx, settleMsg{lock: lock, owner: owner, future: f}); err != nil {
+		return err
+	}
+	select {
+	case err := <-f.C():
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-e.done:
+		return ErrClosed
+	}
+}
+
 // Stats returns a snapshot of the engine's counters.
 func (e *Engine) Stats(ctx context.Context) (Stats, error) {
 	f := futures.New[Stats]()

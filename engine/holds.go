@@ -36,6 +36,9 @@ type hold struct {
 	nextRenew time.Time // watchdog holds: when the next renewal is due
 	grantedAt time.Time // send time of the latest grant
 	renewing  bool      // a renewal of this hold is in flight
+	// provisional: granted early by a local handoff whose reply has not come back
+	// (see handoff.go); the watchdog does not renew it until then.
+	provisional bool
 	// expiryArmed: its expiry entry is in the wheel. A watchdog hold gets one at
 	// the first sweep after its grant, not at the grant (see onSweep).
 	expiryArmed bool
@@ -164,7 +167,14 @@ func (m *machine) releaseOne(h *hold) {
 // On a fair lock the owner counts as leaving until it has run: a join of the same
 // owner meanwhile could otherwise take the hold for a direct grant it had not heard
 // of (fair_acquire's claim) just before this release deletes it.
+//
+// While a handoff that granted the owner early is in flight, the release waits for
+// its reply: sent at once, it could reach Redis first and find nothing to release.
 func (m *machine) abandon(l *lockState, owner uint64, drop int) {
+	if q := m.serial[holdKey{l.id, owner}]; q != nil && q.active && q.early {
+		q.pending = append(q.pending, abandonMsg{lock: l.name, owner: owner, drop: drop})
+		return
+	}
 	keys := []string{l.name, l.channel}
 	if l.fair != nil {
 		keys = append(keys, l.fair.queue)

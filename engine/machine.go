@@ -89,6 +89,11 @@ func (m *machine) handle(msg message, now time.Time) {
 		m.onLost(msg)
 	case closeMsg:
 		m.onClose()
+	case settleMsg:
+		if l := m.locks[msg.lock]; l != nil && !m.closing && m.deferIfBusy(holdKey{l.id, msg.owner}, msg) {
+			return
+		}
+		msg.future.Complete(nil)
 	case statsMsg:
 		msg.future.Complete(m.snapshot())
 	case cancelMsg:
@@ -105,6 +110,8 @@ func (m *machine) handle(msg message, now time.Time) {
 		m.onUnlockNotice(msg.channel, msg.payload, now)
 	case resubscribed:
 		m.onResubscribed(now)
+	case abandonMsg:
+		m.abandon(m.lockFor(msg.lock, false), msg.owner, msg.drop)
 	}
 }
 
@@ -272,10 +279,11 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	if l := m.lockByID[d.call.lock]; l != nil {
 		l.inflight--
 	}
-	switch d.call.purpose {
-	case purposeUnlock, purposeAbandon, purposeLeave:
+	switch {
+	case d.call.purpose == purposeUnlock, d.call.purpose == purposeAbandon, d.call.purpose == purposeLeave,
+		d.call.early:
 		if m.retryOnce(d) {
-			return // still in flight: the owner stays busy
+			return // still in flight: the owner (and an early grant's receiver) stays busy
 		}
 	}
 	switch d.call.purpose {
@@ -303,6 +311,9 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	if d.call.serial {
 		m.markIdle(holdKey{d.call.lock, d.call.owner}, now)
 	}
+	if d.call.early {
+		m.markIdle(holdKey{d.call.lock, d.call.receiver}, now)
+	}
 }
 
 // retryOnce sends a release-type call again, once, after a transport error: a
@@ -328,10 +339,11 @@ func isRedisError(err error) bool {
 // Stats is a snapshot of the engine's counters, for tests and metrics.
 //
 // DirectGrants counts fair-lock grants made by another client's (or this one's)
-// release and taken from their message, without a call (see fair.go).
+// release and taken from their message, without a call (see fair.go). EarlyGrants
+// counts local handoffs that granted before their reply (see handoff.go).
 type Stats struct {
 	Acquires, Attempts, Grants, Handoffs, Revoked, Notices uint64
-	DirectGrants                                           uint64
+	DirectGrants, EarlyGrants                              uint64
 	ScriptCalls, Renewals, Subscribes                      uint64
 	Waiters, Holds, Locks, Receipts                        int
 }
@@ -357,6 +369,10 @@ func (m *machine) onClose() {
 		pending := q.pending
 		q.pending = nil
 		for _, msg := range pending {
+			if _, cleanup := msg.(abandonMsg); cleanup {
+				q.pending = append(q.pending, msg) // still runs after the call it waits for
+				continue
+			}
 			m.handle(msg, m.now) // answered ErrClosed
 		}
 	}

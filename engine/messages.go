@@ -47,6 +47,12 @@ type (
 	}
 	// closeMsg starts the engine's shutdown.
 	closeMsg struct{}
+	// settleMsg: complete future once owner has no serialized call on lock in flight.
+	settleMsg struct {
+		lock   string
+		owner  uint64
+		future *futures.Future[error]
+	}
 	// statsMsg asks for a snapshot of the engine's counters.
 	statsMsg struct{ future *futures.Future[Stats] }
 )
@@ -84,6 +90,13 @@ type (
 	unlockNotice struct{ channel, payload string }
 	// resubscribed: the pub/sub connection was replaced; messages may have been lost.
 	resubscribed struct{}
+	// abandonMsg: an owner-guarded cleanup of a plain lock that waited behind an
+	// early handoff to its owner (see abandon); never posted to the mailbox.
+	abandonMsg struct {
+		lock  string
+		owner uint64
+		drop  int
+	}
 )
 
 func (acquireMsg) isMessage()      {}
@@ -91,6 +104,7 @@ func (unlockMsg) isMessage()       {}
 func (forceUnlockMsg) isMessage()  {}
 func (lostMsg) isMessage()         {}
 func (closeMsg) isMessage()        {}
+func (settleMsg) isMessage()       {}
 func (statsMsg) isMessage()        {}
 func (cancelMsg) isMessage()       {}
 func (scriptDone) isMessage()      {}
@@ -99,3 +113,4 @@ func (unsubscribeDone) isMessage() {}
 func (timerFired) isMessage()      {}
 func (unlockNotice) isMessage()    {}
 func (resubscribed) isMessage()    {}
+func (abandonMsg) isMessage()      {}

@@ -19,6 +19,7 @@ import "time"
 // ownerCalls is one owner's serialization state.
 type ownerCalls struct {
 	active  bool      // a serialized call is in flight
+	early   bool      // that call is a handoff that granted this owner early (see handoff.go)
 	pending []message // requests waiting for it, in arrival order
 }
 
@@ -50,6 +51,7 @@ func (m *machine) markIdle(k holdKey, now time.Time) {
 		return
 	}
 	q.active = false
+	q.early = false
 	for len(q.pending) > 0 && !q.active {
 		msg := q.pending[0]
 		q.pending[0] = nil

@@ -44,7 +44,7 @@ func (m *machine) onSweep(now time.Time) {
 			// (the watchdog) is 12 sweep intervals, so the entry is still in time.
 			m.armExpiry(h, now)
 		}
-		if h.lease != 0 || h.renewing || h.nextRenew.After(horizon) {
+		if h.lease != 0 || h.renewing || h.provisional || h.nextRenew.After(horizon) {
 			continue
 		}
 		batch = append(batch, h)

@@ -131,6 +131,11 @@ func (m *Mutex) HoldCount(ctx context.Context) (int, error) {
 	if err := m.c.check(ctx, m.name); err != nil {
 		return 0, err
 	}
+	// An Unlock or handoff of this handle still in flight would make Redis's
+	// count disagree with what the caller has seen return.
+	if err := m.c.engine.Settle(ctx, m.name, m.owner); err != nil {
+		return 0, engine.WrapError(m.name, err)
+	}
 	rc := m.c.rc
 	n, err := rc.Do(ctx, rc.B().Hget().Key(m.name).Field(engine.OwnerField(m.c.opts.ClientID, m.owner)).Build()).AsInt64()
 	if rueidis.IsRedisNil(err) {

@@ -1,0 +1,282 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/leash-go/leash/futures"
+	"github.com/leash-go/leash/internal/scripts"
+)
+
+// The local handoff: an Unlock whose lock has a local waiter releases and grants in
+// one lock_handoff call, so the lock is never free in between and no unlock message
+// is needed.
+//
+// The early grant. Below the chain bound, lock_handoff always hands over when the
+// releasing owner still holds the lock with a count of 1, which the engine knows it
+// does. So the waiter is granted at once, when the Unlock arrives, not when the
+// call's reply does: until the reply confirms the swap, the new holder runs under the
+// releasing owner's lease, which is still on the key and keeps every other client
+// out, and the engine's expiry for it is no later than that lease's. This takes the
+// round trip out of every local handoff (the idle gap between one holder's Unlock and
+// the next holder's start).
+//
+// Until the reply comes back, the receiving owner's calls wait behind the handoff
+// (see serial.go): its Unlock or re-entry must reach Redis after the call that gives
+// it the lock. Its owner-guarded cleanups (a grant nobody received, a lost or closed
+// hold) wait too (see abandon), so none runs before the handoff it cleans up after.
+// If the reply says the swap did not happen (the releasing owner's field was gone: a
+// force-release; or a transport error twice), the new holder's Lost closes, exactly
+// as for a holder whose lock was force-released.
+
+// handoffTarget returns the local waiter that h's release may hand the lock to
+// directly, or nil.
+//
+// Why a bound: a direct handoff never frees the lock, so waiters in other processes
+// never see a release. Like sync.Mutex's starvation mode, once a chain of local
+// handoffs reaches cfg.handoffChain handoffs or cfg.handoffAge, whichever comes
+// first, the handoff script releases the lock to everyone instead, if anyone besides
+// this client listens on the unlock channel; this process's head then competes with
+// the other processes' heads on the same unlock message. When nobody else listens,
+// nobody else is waiting to be woken, and the chain goes on.
+func (m *machine) handoffTarget(l *lockState, h *hold, now time.Time) *waiter {
+	m.pruneCancelled(l)
+	w := l.queue.head
+	if w == nil || h.count != 1 || l.attempting != nil || len(l.holders) != 1 || m.cfg.handoffChain <= 0 {
+		return nil
+	}
+	if l.fair != nil {
+		// The script hands over only if w heads the Redis queue, so FIFO across
+		// processes holds without a bound.
+		if !w.enqueued {
+			return nil
+		}
+		return w
+	}
+	return w
+}
+
+// chainBound reports whether l's chain of local handoffs has reached its bound.
+func (m *machine) chainBound(l *lockState, now time.Time) bool {
+	return l.chain > 0 && (l.chain >= m.cfg.handoffChain || now.Sub(l.chainStart) >= m.cfg.handoffAge)
+}
+
+// earlyGrantMinLease is the least lease the releasing owner must have left for its
+// handoff to grant early: with less, the new holder's Lost could close before the
+// reply confirms the swap.
+const earlyGrantMinLease = 100 * time.Millisecond
+
+// canGrantEarly reports whether h's handoff to w may grant w before the reply (see
+// the top of this file): a plain lock below the chain bound, so the script is sure
+// to hand over; a receiving owner with nothing in flight and nothing held; and
+// enough of h's lease left.
+func (m *machine) canGrantEarly(l *lockState, h *hold, w *waiter, bounded bool, now time.Time) bool {
+	key := holdKey{l.id, w.owner}
+	return l.fair == nil && !bounded && w.cancelErr == nil && !w.expired &&
+		!m.ownerBusy(key) && m.holds[key] == nil &&
+		h.expiresAt.Sub(now) >= earlyGrantMinLease+expiryMargin(m.leaseOf(w.lease))
+}
+
+func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Future[error], now time.Time) {
+	bounded := m.chainBound(l, now)
+	bound := "0"
+	if bounded {
+		bound = "1"
+	}
+	if l.chain == 0 {
+		l.chainStart = now
+	}
+	l.chain++
+	call := scriptCall{
+		script:   scripts.LockHandoff,
+		keys:     l.releaseKeys,
+		args:     []string{h.field, m.leaseText(h.lease), ownerField(m.cfg.clientID, w.owner), m.leaseText(w.lease), bound, unlockMessage},
+		purpose:  purposeHandoff,
+		lock:     l.id,
+		waiter:   w.id,
+		receiver: w.owner,
+		hold:     h.id,
+		unlock:   future,
+		owner:    h.owner,
+		serial:   true,
+	}
+	if l.fair != nil {
+		// No bound: the fair script hands over only to the Redis queue's head.
+		call.script = scripts.FairHandoff
+		call.keys = l.fair.keys
+		call.args = []string{h.field, m.leaseText(h.lease), ownerField(m.cfg.clientID, w.owner), m.leaseText(w.lease),
+			millis(m.cfg.fairWait), wallMillis(now), unlockMessage}
+	}
+	if m.canGrantEarly(l, h, w, bounded, now) {
+		call.early = true
+		call.hold = m.grantEarly(l, h, w, now)
+		m.run(call)
+		return
+	}
+	l.attempting = w
+	l.wakePending = false
+	w.attempting = true
+	m.run(call)
+}
+
+// grantEarly ends the releasing owner's local hold h and grants w in its place, under
+// h's remaining lease, and returns the new hold's id (0 if the grant went back at
+// once because w's context had ended).
+func (m *machine) grantEarly(l *lockState, h *hold, w *waiter, now time.Time) uint64 {
+	key := holdKey{l.id, w.owner}
+	m.markBusy(key)
+	m.serial[key].early = true
+	// The grant's lease is dated so that it ends no later than h's: the server keeps
+	// h's expiry until the handoff runs, and w's lease from then on.
+	expires := h.expiresAt
+	m.dropHold(h)
+	sentAt := now
+	if at := expires.Add(-m.leaseOf(w.lease)); at.Before(sentAt) {
+		sentAt = at
+	}
+	m.grant(w, sentAt, now)
+	nh := m.holds[key]
+	if nh == nil {
+		return 0
+	}
+	nh.provisional = true
+	m.stats.EarlyGrants++
+	return nh.id
+}
+
+func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
+	if d.call.early {
+		m.onEarlyHandoffDone(d, now)
+		return
+	}
+	l := m.lockByID[d.call.lock]
+	h := m.holdByID[d.call.hold]
+	w := m.waiters[d.call.waiter]
+	if l != nil && l.attempting != nil && l.attempting.id == d.call.waiter {
+		l.attempting = nil
+	}
+	if w != nil {
+		w.attempting = false
+	}
+	switch {
+	case d.err != nil:
+		d.call.unlock.Complete(d.err)
+		if w != nil {
+			m.attemptFailed(w, d.err, now)
+		}
+	case d.reply.Int == 2: // handed over
+		if h != nil {
+			m.dropHold(h)
+		}
+		if l != nil && l.fair == nil && d.call.args[4] == "1" {
+			// Handed over at the chain bound: nobody else listened, so nobody was
+			// kept waiting. A new chain starts, whose handoffs may grant early.
+			l.chain = 0
+		}
+		d.call.unlock.Complete(nil)
+		m.stats.Handoffs++
+		if w != nil {
+			m.grant(w, d.sentAt, now)
+		} else if l != nil {
+			m.abandon(l, d.call.receiver, 1)
+		}
+	case d.reply.Int == 1: // released to everyone (chain bound), or to a fair waiter ahead in the queue
+		if h != nil {
+			m.dropHold(h)
+		}
+		if l != nil {
+			l.chain = 0
+		}
+		d.call.unlock.Complete(nil)
+		m.handoffRefused(w)
+	case d.reply.Nil: // the releasing owner had lost the lock: the waiter retries normally
+		d.call.unlock.Complete(m.unlockFoundLost(h))
+		m.handoffRefused(w)
+	default: // the releasing owner still holds it
+		if h != nil && h.count > 1 {
+			h.count--
+		} else if h != nil {
+			m.dropSurplus(h)
+		}
+		d.call.unlock.Complete(nil)
+		m.handoffRefused(w)
+	}
+	if l != nil {
+		m.advance(l, now)
+		m.maybeForget(l)
+	}
+}
+
+// handoffRefused answers a waiter whose handoff did not happen if it was cancelled
+// or ran out of time meanwhile; otherwise it stays at the head.
+func (m *machine) handoffRefused(w *waiter) {
+	switch {
+	case w == nil:
+	case w.cancelErr != nil:
+		m.finish(w, w.cancelErr)
+	case w.expired:
+		m.finish(w, ErrNotAcquired)
+	}
+}
+
+// onEarlyHandoffDone reads the reply of a handoff that granted early: it confirms
+// the new hold, or ends it. The new hold may be gone already (a grant nobody
+// received, a lost hold, Close); its owner-guarded cleanup runs after this reply.
+func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
+	l := m.lockByID[d.call.lock]
+	nh := m.holdByID[d.call.hold]
+	switch {
+	case d.err != nil:
+		// Twice a transport error (see retryOnce): either field may be on the server.
+		// The releasing owner's goes (its Unlock reports the error), and so does the
+		// new hold, whose Lost closes.
+		d.call.unlock.Complete(d.err)
+		if l != nil {
+			m.abandon(l, d.call.owner, 0)
+		}
+		if nh != nil {
+			m.loseHold(nh, true)
+		}
+	case d.reply.Int == 2, d.reply.Nil && d.call.retried:
+		// Handed over; a retry that finds the releasing field gone means the first
+		// try ran before its connection failed, as for a retried Unlock.
+		d.call.unlock.Complete(nil)
+		m.stats.Handoffs++
+		if nh != nil {
+			m.confirmEarly(nh, d.sentAt)
+		}
+	case d.reply.Nil:
+		// The releasing owner had lost the lock (a force-release; its lease had time
+		// left): nothing was handed over.
+		d.call.unlock.Complete(errHoldLost)
+		if nh != nil {
+			m.loseHold(nh, false)
+		}
+	default:
+		// 0: the server counted more holds of the releasing owner than the engine
+		// (see dropSurplus), so nothing was handed over and the surplus goes; 1: never
+		// answered without the chain bound.
+		d.call.unlock.Complete(nil)
+		if l != nil && d.reply.Int == 0 {
+			m.abandon(l, d.call.owner, 0)
+		}
+		if nh != nil {
+			m.loseHold(nh, false)
+		}
+	}
+	if l != nil {
+		m.advance(l, now)
+		m.maybeForget(l)
+	}
+}
+
+// confirmEarly makes an early grant an ordinary hold: its lease now runs from the
+// handoff's send time.
+func (m *machine) confirmEarly(h *hold, sentAt time.Time) {
+	h.provisional = false
+	h.expiresAt = sentAt.Add(m.leaseOf(h.lease))
+	if h.lease == 0 {
+		h.nextRenew = sentAt.Add(m.cfg.watchdog / 3)
+	}
+	// An armed expiry entry fires at the provisional deadline and re-arms itself
+	// for this one (see onExpiry).
+}

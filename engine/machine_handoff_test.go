@@ -1,0 +1,246 @@
+package engine
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/leash-go/leash/futures"
+	"github.com/leash-go/leash/internal/scripts"
+)
+
+// The early grant (handoff.go): a local handoff below the chain bound grants the
+// receiver when the Unlock arrives, under the releasing owner's lease, and the
+// reply confirms or ends that hold.
+func TestMachineEarlyHandoff(t *testing.T) {
+	// setup: owner 1 holds L under the watchdog, owner 2 waits with a 5 s lease, and
+	// owner 1 unlocks. It returns the handoff call and owner 1's Unlock future.
+	setup := func(t *testing.T) (h *mh, b *tw, c scriptCall, unlocked *futures.Future[error]) {
+		h = newMH(t)
+		a := h.grantFresh("L", 1, 0)
+		b = h.acquire("L", 2, 5*time.Second, -1)
+		h.take().none(t)
+		h.now = h.now.Add(time.Second)
+		f := h.unlock("L", a.owner)
+		c = h.take().one(t, scripts.LockHandoff)
+		if want := []string{"cid:1", "30000", "cid:2", "5000", "0", "0"}; !slices.Equal(c.args, want) {
+			t.Fatalf("args %v, want %v", c.args, want)
+		}
+		if !c.early {
+			t.Fatal("handoff not marked early")
+		}
+		if len(b.future.C()) != 1 { // not received: a test may still take it back
+			t.Fatal("receiver not granted before the reply")
+		}
+		mustPending(t, "unlock before the reply", f)
+		return h, b, c, f
+	}
+
+	t.Run("confirmed", func(t *testing.T) {
+		h, _, c, f := setup(t)
+		hb := h.hold("L", 2)
+		if h.hold("L", 1) != nil || hb == nil || !hb.provisional || hb.count != 1 {
+			t.Fatalf("holds: releaser %v, receiver %+v; want only a provisional receiver", h.hold("L", 1), hb)
+		}
+		if want := h.now.Add(5 * time.Second); hb.expiresAt.After(want) {
+			t.Errorf("provisional expiry %v, after the receiver's lease from now (%v)", hb.expiresAt, want)
+		}
+		sentAt := h.now
+		h.now = h.now.Add(time.Millisecond)
+		h.replyAt(c, sentAt, replyInt(2), nil)
+		mustGranted(t, "unlock", f)
+		if hb.provisional || !hb.expiresAt.Equal(sentAt.Add(5*time.Second)) {
+			t.Errorf("confirmed hold: provisional %v, expires %v; want the lease from the call's send time", hb.provisional, hb.expiresAt)
+		}
+		if st := h.m.snapshot(); st.Handoffs != 1 || st.EarlyGrants != 1 || st.Holds != 1 || st.Waiters != 0 {
+			t.Errorf("stats %+v", st)
+		}
+		h.take().none(t)
+	})
+
+	t.Run("the provisional expiry is the releasing owner's", func(t *testing.T) {
+		h := newMH(t)
+		a := h.grantFresh("L", 1, 2*time.Second)
+		h.acquire("L", 2, 0, -1) // the watchdog's 30 s would outlast owner 1's lease
+		h.take()
+		h.unlock("L", a.owner)
+		h.take().one(t, scripts.LockHandoff)
+		if got, want := h.hold("L", 2).expiresAt, h.now.Add(2*time.Second); !got.Equal(want) {
+			t.Errorf("provisional expiry %v, want owner 1's %v", got, want)
+		}
+	})
+
+	t.Run("the receiver's calls wait for the reply", func(t *testing.T) {
+		h, _, c, _ := setup(t)
+		next := h.acquire("L", 3, 0, -1)
+		f2 := h.unlock("L", 2)
+		h.take().none(t) // neither the Unlock nor a handoff to owner 3 is sent yet
+		h.reply(c, replyInt(2), nil)
+		c2 := h.take().one(t, scripts.LockHandoff)
+		if c2.args[0] != "cid:2" || c2.args[2] != "cid:3" {
+			t.Fatalf("second handoff args %v, want cid:2 to cid:3", c2.args)
+		}
+		mustGranted(t, "owner 3", next.future)
+		h.reply(c2, replyInt(2), nil)
+		mustGranted(t, "owner 2's unlock", f2)
+	})
+
+	t.Run("releasing owner had lost it (reply nil)", func(t *testing.T) {
+		h, _, c, f := setup(t)
+		lost := h.hold("L", 2).lost.C()
+		h.reply(c, replyNil, nil)
+		if err := mustGet(t, "unlock", f); !errors.Is(err, ErrLockLost) {
+			t.Fatalf("unlock got %v, want ErrLockLost", err)
+		}
+		mustFired(t, "receiver's Lost", lost)
+		if h.hold("L", 2) != nil {
+			t.Error("receiver's hold kept")
+		}
+		h.take().none(t) // nothing of owner 2's is on the server
+	})
+
+	t.Run("releasing owner counted more (reply 0)", func(t *testing.T) {
+		h, _, c, f := setup(t)
+		lost := h.hold("L", 2).lost.C()
+		h.reply(c, replyInt(0), nil)
+		mustGranted(t, "unlock", f)
+		mustFired(t, "receiver's Lost", lost)
+		r := h.take().one(t, scripts.LockReleaseOwner)
+		if want := []string{"0", "cid:1", "0"}; !slices.Equal(r.args, want) {
+			t.Errorf("release_owner args %v, want %v (owner 1's surplus)", r.args, want)
+		}
+	})
+
+	t.Run("transport error, retry finds it handed over", func(t *testing.T) {
+		h, _, c, f := setup(t)
+		h.reply(c, scripts.Reply{}, errConn)
+		retry := h.take().one(t, scripts.LockHandoff)
+		if !retry.retried || !slices.Equal(retry.args, c.args) {
+			t.Fatalf("retry %+v, want the same handoff once more", retry)
+		}
+		mustPending(t, "unlock during the retry", f)
+		h.unlock("L", 2)
+		h.take().none(t) // still waits for the handoff
+		h.reply(retry, replyNil, nil)
+		mustGranted(t, "unlock", f)
+		if hb := h.hold("L", 2); hb == nil || hb.provisional {
+			t.Fatalf("receiver's hold %+v, want a confirmed hold", hb)
+		}
+		h.take().one(t, scripts.LockRelease) // owner 2's Unlock, now
+	})
+
+	t.Run("transport error twice", func(t *testing.T) {
+		h, _, c, f := setup(t)
+		lost := h.hold("L", 2).lost.C()
+		h.reply(c, scripts.Reply{}, errConn)
+		retry := h.take().one(t, scripts.LockHandoff)
+		h.reply(retry, scripts.Reply{}, errConn)
+		if err := mustGet(t, "unlock", f); !errors.Is(err, errConn) {
+			t.Fatalf("unlock got %v, want the transport error", err)
+		}
+		mustFired(t, "receiver's Lost", lost)
+		var owners []string
+		for _, r := range h.take().calls(scripts.LockReleaseOwner) {
+			owners = append(owners, r.args[1]+"/"+r.args[2])
+		}
+		if want := []string{"cid:1/0", "cid:2/0"}; !slices.Equal(owners, want) {
+			t.Errorf("owner-guarded releases %v, want %v (both fields may be on the server)", owners, want)
+		}
+	})
+
+	t.Run("grant taken back waits for the reply", func(t *testing.T) {
+		h, b, c, _ := setup(t)
+		h.cancelCtx(b) // the caller walked away without receiving the grant
+		if err := mustGet(t, "receiver", b.future); !errors.Is(err, b.ctx.Err()) {
+			t.Fatalf("receiver got %v, want its context's error", err)
+		}
+		if h.hold("L", 2) != nil {
+			t.Fatal("revoked hold kept")
+		}
+		h.take().none(t) // its release would reach Redis before the handoff
+		h.reply(c, replyInt(2), nil)
+		r := h.take().one(t, scripts.LockReleaseOwner)
+		if want := []string{"0", "cid:2", "1"}; !slices.Equal(r.args, want) {
+			t.Errorf("release_owner args %v, want %v", r.args, want)
+		}
+	})
+
+	t.Run("close waits for the reply to release", func(t *testing.T) {
+		h, _, c, f := setup(t)
+		lost := h.hold("L", 2).lost.C()
+		h.m.handle(closeMsg{}, h.now)
+		mustFired(t, "receiver's Lost", lost)
+		if s := h.take(); len(s.calls(scripts.LockReleaseOwner)) != 0 {
+			t.Fatalf("a release before the handoff's reply: %v", s)
+		}
+		h.reply(c, replyInt(2), nil)
+		mustGranted(t, "unlock", f)
+		r := h.take().one(t, scripts.LockReleaseOwner)
+		if r.args[1] != "cid:2" {
+			t.Errorf("release_owner args %v, want owner 2's", r.args)
+		}
+	})
+
+	t.Run("not while the receiver's owner has a call in flight", func(t *testing.T) {
+		h := newMH(t)
+		a := h.grantFresh("L", 1, 0)
+		b := h.acquire("L", 2, 0, -1)
+		h.acquire("L", 2, 0, 0) // the same handle's single try, in flight
+		h.take().one(t, scripts.LockAcquire)
+		h.unlock("L", a.owner)
+		if c := h.take().one(t, scripts.LockHandoff); c.early {
+			t.Fatal("early grant to an owner with a call in flight")
+		}
+		mustPending(t, "receiver", b.future)
+	})
+}
+
+// A handoff at the chain bound that the script still made (nobody else listened)
+// starts a new chain: the next handoff is below the bound and grants early.
+func TestMachineChainBoundHandedOverStartsNewChain(t *testing.T) {
+	h := newMH(t, func(c *config) { c.handoffChain, c.handoffAge = 1, time.Hour })
+	a := h.grantFresh("L", 1, 0)
+	h.acquire("L", 2, 0, -1)
+	h.acquire("L", 3, 0, -1)
+	h.acquire("L", 4, 0, -1)
+	h.take()
+
+	first := func(owner uint64) scriptCall {
+		t.Helper()
+		h.unlock("L", owner)
+		return h.take().one(t, scripts.LockHandoff)
+	}
+	c := first(a.owner)
+	if !c.early || c.args[4] != "0" {
+		t.Fatalf("first handoff: early %v, bound %q; want early and unbounded", c.early, c.args[4])
+	}
+	h.reply(c, replyInt(2), nil)
+	c = first(2)
+	if c.early || c.args[4] != "1" {
+		t.Fatalf("second handoff: early %v, bound %q; want the bound, not early", c.early, c.args[4])
+	}
+	h.reply(c, replyInt(2), nil) // handed over all the same: nobody else listened
+	if c = first(3); !c.early || c.args[4] != "0" {
+		t.Fatalf("third handoff: early %v, bound %q; want a new chain, early", c.early, c.args[4])
+	}
+}
+
+// Settle (HoldCount's first step) waits for the owner's handoff in flight.
+func TestMachineSettleWaitsForEarlyHandoff(t *testing.T) {
+	h := newMH(t)
+	a := h.grantFresh("L", 1, 0)
+	h.acquire("L", 2, 0, -1)
+	h.take()
+	h.unlock("L", a.owner)
+	c := h.take().one(t, scripts.LockHandoff)
+
+	settled := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 2, future: settled}, h.now)
+	other := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 3, future: other}, h.now)
+	mustGranted(t, "another owner's settle", other)
+	mustPending(t, "the receiver's settle while the handoff is in flight", settled)
+	h.reply(c, replyInt(2), nil)
+	mustGranted(t, "the receiver's settle after the reply", settled)
+}

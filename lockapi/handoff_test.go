@@ -1,0 +1,104 @@
+package lockapi_test
+
+import (
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leash-go/leash/internal/testredis"
+	"github.com/leash-go/leash/lockapi"
+)
+
+// A local handoff grants the next local waiter before its script's reply (see
+// engine/handoff.go): the receiver's Lock returns, and what it then asks of Redis
+// already shows its hold.
+func TestLocalHandoffGrantsEarly(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	c := newClient(t, srv, lockapi.Options{})
+	name := lockName(t, "")
+	ctx := ctxFor(t, 30*time.Second)
+
+	a, b := c.Mutex(name), c.Mutex(name)
+	lockWithin(t, a, 5*time.Second)
+	got := b.Acquire(ctx)
+	eventually(t, 5*time.Second, "b to wait", func() bool { return stats(t, c).Waiters == 1 })
+	before := stats(t, c)
+
+	unlock(t, a)
+	if err, ok := receive(got, 5*time.Second); !ok || err != nil {
+		t.Fatalf("b's Acquire after a's Unlock = %v (received %v); want nil", err, ok)
+	}
+	// HoldCount waits for the handoff's reply (Settle), so it never reads Redis
+	// between the early grant and the swap.
+	if n, err := b.HoldCount(ctx); err != nil || n != 1 {
+		t.Fatalf("b.HoldCount = %d, %v; want 1", n, err)
+	}
+	if n, err := a.HoldCount(ctx); err != nil || n != 0 {
+		t.Fatalf("a.HoldCount = %d, %v; want 0", n, err)
+	}
+	if v := soleField(t, srv, c, name); v != "1" {
+		t.Fatalf("hold count in Redis = %q, want 1 (b's field alone)", v)
+	}
+	after := stats(t, c)
+	if after.EarlyGrants != before.EarlyGrants+1 || after.Handoffs != before.Handoffs+1 {
+		t.Fatalf("early grants %d -> %d, handoffs %d -> %d; want one more of each",
+			before.EarlyGrants, after.EarlyGrants, before.Handoffs, after.Handoffs)
+	}
+	if isClosed(b.Lost()) {
+		t.Fatal("b's Lost closed after a confirmed handoff")
+	}
+	unlock(t, b)
+	mustBeLocked(t, srv, name, false)
+}
+
+// Goroutines of one client taking turns with zero hold time: every Unlock hands
+// over early while the previous handoff's reply may still be on its way, and the
+// receiver's Unlock waits for it. Nobody is ever inside with another, and the lock
+// ends free.
+func TestLocalHandoffChainIsExclusive(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	c := newClient(t, srv, lockapi.Options{})
+	name := lockName(t, "")
+	ctx := ctxFor(t, 60*time.Second)
+
+	const goroutines, rounds = 8, 200
+	var inside, violations atomic.Int32
+	var wg sync.WaitGroup
+	errs := make(chan error, goroutines)
+	for range goroutines {
+		m := c.Mutex(name)
+		wg.Go(func() {
+			for range rounds {
+				if err := m.Lock(ctx); err != nil {
+					errs <- err
+					return
+				}
+				if inside.Add(1) != 1 {
+					violations.Add(1)
+				}
+				inside.Add(-1)
+				if err := m.Unlock(ctx); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("Lock/Unlock: %v", err)
+	}
+	if v := violations.Load(); v != 0 {
+		t.Fatalf("%d moments with two holders inside", v)
+	}
+	st := stats(t, c)
+	if st.EarlyGrants == 0 {
+		t.Fatalf("no early grant in %d handoffs", st.Handoffs)
+	}
+	t.Logf("%d acquisitions: %d handoffs, %d early grants, %d script calls", goroutines*rounds, st.Handoffs, st.EarlyGrants, st.ScriptCalls)
+	mustBeLocked(t, srv, name, false)
+}
