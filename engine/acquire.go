@@ -326,7 +326,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 		}
 		return
 	}
-	w.future.Complete(nil)
+	m.deliver(w.future)
 	if w.stop != nil {
 		// The caller may still walk away without receiving (a select that took
 		// another case, then cancelled): keep watching its context until the hold

@@ -161,6 +161,7 @@ func New(cfg Config) (*Engine, error) {
 		mail:      newMailbox(),
 		done:      make(chan struct{}),
 	}
+	e.m.deferGrants = true
 	e.ioCtx, e.ioCancel = context.WithCancel(context.Background())
 	sink := func(k timer.Key) { e.mail.post(timerFired{key: k}) }
 	if cfg.Scheduler != nil {
@@ -404,6 +405,7 @@ func (e *Engine) apply() {
 		e.ioWG.Add(1)
 		go e.runSub(op)
 	}
+	e.m.flushGrants() // after the I/O goroutines: see machine.deliver
 	fx.reset()
 }
 

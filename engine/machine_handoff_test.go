@@ -244,3 +244,33 @@ func TestMachineSettleWaitsForEarlyHandoff(t *testing.T) {
 	h.reply(c, replyInt(2), nil)
 	mustGranted(t, "the receiver's settle after the reply", settled)
 }
+
+// With deferGrants (as the Engine runs it), a grant's future completes after the
+// step's effects are carried out (flushGrants), or at the latest when the next
+// message is handled, so a cancellation in that message still finds the grant
+// unreceived and takes it back.
+func TestMachineDeferredGrants(t *testing.T) {
+	t.Run("flushed after the step", func(t *testing.T) {
+		h := newMH(t)
+		h.m.deferGrants = true
+		w := h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		mustPending(t, "grant before the flush", w.future)
+		h.m.flushGrants()
+		mustGranted(t, "grant after the flush", w.future)
+	})
+	t.Run("flushed before the next message", func(t *testing.T) {
+		h := newMH(t)
+		h.m.deferGrants = true
+		w := h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		h.take()
+		h.cancelCtx(w) // the caller walked away before receiving
+		if err := mustGet(t, "grant taken back", w.future); !errors.Is(err, w.ctx.Err()) {
+			t.Fatalf("got %v, want the context's error", err)
+		}
+		if r := h.take().one(t, scripts.LockReleaseOwner); r.args[1] != "cid:1" {
+			t.Errorf("release_owner args %v, want owner 1's", r.args)
+		}
+	})
+}
