@@ -73,7 +73,7 @@ func (m *machine) advance(l *lockState, now time.Time) {
 		m.fairAdvance(l, now)
 		return
 	}
-	if l.attempting != nil || l.queue.head == nil || m.closing {
+	if l.attempting != nil || l.handingOff || l.queue.head == nil || m.closing {
 		return
 	}
 	if l.wakePending {
@@ -486,7 +486,13 @@ func (m *machine) onUnlockNotice(channel, payload string, now time.Time) {
 		return
 	}
 	m.stats.Notices++
-	if l.attempting != nil {
+	m.wakeHead(l, now)
+}
+
+// wakeHead makes a plain lock's head waiter retry: now, or, while a call that
+// decides the lock is in flight, once it is answered.
+func (m *machine) wakeHead(l *lockState, now time.Time) {
+	if l.attempting != nil || l.handingOff {
 		l.wakePending = true
 		return
 	}
@@ -504,10 +510,6 @@ func (m *machine) onResubscribed(now time.Time) {
 			m.fairWakeFirst(l, now)
 			continue
 		}
-		if l.attempting != nil {
-			l.wakePending = true
-			continue
-		}
-		m.startAttempt(l, now)
+		m.wakeHead(l, now)
 	}
 }

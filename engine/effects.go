@@ -52,9 +52,11 @@ type scriptCall struct {
 	serial   bool     // one of the owner's serialized calls (see serial.go)
 	joining  bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)
 	batch    []uint64 // purposeRenew: hold ids, in KEYS order
-	retried  bool     // this is the one retry after a transport error (releases, leaves)
-	unlock   *futures.Future[error]
-	force    *futures.Future[forceResult]
+	retried  bool     // this is the one retry after a transport error (releases, leaves, early handoffs)
+	// firstSent: on a retry, when the first try was sent.
+	firstSent time.Time
+	unlock    *futures.Future[error]
+	force     *futures.Future[forceResult]
 }
 
 // Timer kinds (timer.Key.Kind).

@@ -196,9 +196,12 @@ func (r *memRedis) run(id scripts.ID, keys, args []string, pub *[][2]string) scr
 			}
 		}
 		return scripts.Reply{Ints: out}
-	case scripts.LockHandoff: // KEYS lock, channel; ARGV field, lease, next field, next lease, bound, message
+	case scripts.LockHandoff: // KEYS lock, channel; ARGV field, lease, next field, next lease, bound, message, retry
 		h := r.get(keys[0])
 		if h == nil || h.fields[args[0]] == 0 {
+			if h != nil && args[6] == "1" && h.fields[args[2]] > 0 {
+				return scripts.Reply{Int: 2} // the first try ran
+			}
 			return scripts.Reply{Nil: true}
 		}
 		h.fields[args[0]]--

@@ -41,7 +41,7 @@ import (
 func (m *machine) handoffTarget(l *lockState, h *hold, now time.Time) *waiter {
 	m.pruneCancelled(l)
 	w := l.queue.head
-	if w == nil || h.count != 1 || l.attempting != nil || len(l.holders) != 1 || m.cfg.handoffChain <= 0 {
+	if w == nil || h.count != 1 || l.attempting != nil || l.handingOff || len(l.holders) != 1 || m.cfg.handoffChain <= 0 {
 		return nil
 	}
 	if l.fair != nil {
@@ -89,7 +89,7 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	call := scriptCall{
 		script:   scripts.LockHandoff,
 		keys:     l.releaseKeys,
-		args:     []string{h.field, m.leaseText(h.lease), ownerField(m.cfg.clientID, w.owner), m.leaseText(w.lease), bound, unlockMessage},
+		args:     []string{h.field, m.leaseText(h.lease), ownerField(m.cfg.clientID, w.owner), m.leaseText(w.lease), bound, unlockMessage, "0"},
 		purpose:  purposeHandoff,
 		lock:     l.id,
 		waiter:   w.id,
@@ -107,6 +107,7 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 			millis(m.cfg.fairWait), wallMillis(now), unlockMessage}
 	}
 	if m.canGrantEarly(l, h, w, bounded, now) {
+		l.handingOff = true
 		call.early = true
 		call.hold = m.grantEarly(l, h, w, now)
 		m.run(call)
@@ -169,7 +170,8 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		}
 		if l != nil && l.fair == nil && d.call.args[4] == "1" {
 			// Handed over at the chain bound: nobody else listened, so nobody was
-			// kept waiting. A new chain starts, whose handoffs may grant early.
+			// kept waiting. A new chain starts, whose handoffs may grant early; a
+			// process that starts waiting just after waits one chain at most.
 			l.chain = 0
 		}
 		d.call.unlock.Complete(nil)
@@ -224,6 +226,9 @@ func (m *machine) handoffRefused(w *waiter) {
 func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 	l := m.lockByID[d.call.lock]
 	nh := m.holdByID[d.call.hold]
+	if l != nil {
+		l.handingOff = false
+	}
 	switch {
 	case d.err != nil:
 		// Twice a transport error (see retryOnce): either field may be on the server.
@@ -236,19 +241,24 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		if nh != nil {
 			m.loseHold(nh, true)
 		}
-	case d.reply.Int == 2, d.reply.Nil && d.call.retried:
-		// Handed over; a retry that finds the releasing field gone means the first
-		// try ran before its connection failed, as for a retried Unlock.
+	case d.reply.Int == 2:
+		// Handed over, by this try or (a retry's reply) by the first. The lease ran
+		// from when the first try was sent at the earliest.
 		d.call.unlock.Complete(nil)
 		m.stats.Handoffs++
 		if nh != nil {
-			m.confirmEarly(nh, d.sentAt)
+			sent := d.sentAt
+			if !d.call.firstSent.IsZero() {
+				sent = d.call.firstSent
+			}
+			m.confirmEarly(nh, sent)
 		}
 	case d.reply.Nil:
 		// The releasing owner had lost the lock (a force-release; its lease had time
 		// left): nothing was handed over.
 		d.call.unlock.Complete(errHoldLost)
 		if nh != nil {
+			nh.provisional = false // nothing of its owner's is on the server
 			m.loseHold(nh, false)
 		}
 	default:
@@ -260,6 +270,7 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 			m.abandon(l, d.call.owner, 0)
 		}
 		if nh != nil {
+			nh.provisional = false
 			m.loseHold(nh, false)
 		}
 	}

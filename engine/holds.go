@@ -92,7 +92,14 @@ func (m *machine) loseHold(h *hold, release bool) {
 		clear(m.lostHolds) // only an error's detail is lost: Unlock says ErrNotHeld then
 	}
 	m.lostHolds[holdKey{h.lock.id, h.owner}] = struct{}{}
-	if release {
+	switch {
+	case h.provisional:
+		// An early grant whose handoff is in flight: the handoff may yet write the
+		// owner's field, so its cleanup always goes, after the reply (see abandon).
+		// It drops only the grant's count: a queued Lock of the same owner may take
+		// the lock again by re-entering that field once the reply is in.
+		m.abandon(h.lock, h.owner, h.count)
+	case release:
 		m.abandon(h.lock, h.owner, 0)
 	}
 	m.dropHold(h)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"time"
 
 	"github.com/leash-go/leash/futures"
@@ -138,6 +139,11 @@ type lockState struct {
 	// attempting is the queued waiter whose acquire (or handoff) is in flight; at
 	// most one per lock, so one unlock message costs one script call per process.
 	attempting *waiter
+	// handingOff: a handoff that granted early is in flight (see handoff.go). The
+	// queued waiters make no attempt meanwhile, as while attempting is set: an
+	// attempt could otherwise re-enter, or take after a force-release, a field the
+	// handoff is about to swap or its cleanup to delete.
+	handingOff bool
 	// wakePending records an unlock message or TTL deadline that arrived while an
 	// attempt was in flight: the attempt may have run before the release, so the
 	// head must retry once more if it failed.
@@ -271,11 +277,7 @@ func (m *machine) onTimer(key timer.Key, now time.Time) {
 			m.fairWakeFirst(l, now)
 			return
 		}
-		if l.attempting != nil {
-			l.wakePending = true
-			return
-		}
-		m.startAttempt(l, now)
+		m.wakeHead(l, now)
 	case kindWait:
 		w := m.waiters[key.ID]
 		if w == nil {
@@ -362,6 +364,11 @@ func (m *machine) retryOnce(d scriptDone) bool {
 	}
 	retry := d.call
 	retry.retried = true
+	retry.firstSent = d.sentAt
+	if retry.early {
+		// lock_handoff's ARGV[7]: tell a first try that ran from one that did not.
+		retry.args = append(slices.Clone(retry.args[:6]), "1")
+	}
 	m.run(retry)
 	return true
 }

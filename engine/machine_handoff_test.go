@@ -3,11 +3,13 @@ package engine
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/leash-go/leash/futures"
 	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
 )
 
 // The early grant (handoff.go): a local handoff below the chain bound grants the
@@ -24,7 +26,7 @@ func TestMachineEarlyHandoff(t *testing.T) {
 		h.now = h.now.Add(time.Second)
 		f := h.unlock("L", a.owner)
 		c = h.take().one(t, scripts.LockHandoff)
-		if want := []string{"cid:1", "30000", "cid:2", "5000", "0", "0"}; !slices.Equal(c.args, want) {
+		if want := []string{"cid:1", "30000", "cid:2", "5000", "0", "0", "0"}; !slices.Equal(c.args, want) {
 			t.Fatalf("args %v, want %v", c.args, want)
 		}
 		if !c.early {
@@ -114,20 +116,48 @@ func TestMachineEarlyHandoff(t *testing.T) {
 
 	t.Run("transport error, retry finds it handed over", func(t *testing.T) {
 		h, _, c, f := setup(t)
-		h.reply(c, scripts.Reply{}, errConn)
+		firstSent := h.now
+		h.now = h.now.Add(3 * time.Second) // the connection's timeout
+		h.replyAt(c, firstSent, scripts.Reply{}, errConn)
 		retry := h.take().one(t, scripts.LockHandoff)
-		if !retry.retried || !slices.Equal(retry.args, c.args) {
-			t.Fatalf("retry %+v, want the same handoff once more", retry)
+		if want := append(slices.Clone(c.args[:6]), "1"); !retry.retried || !slices.Equal(retry.args, want) {
+			t.Fatalf("retry args %v (retried %v), want %v: the same handoff, flagged as a retry", retry.args, retry.retried, want)
 		}
 		mustPending(t, "unlock during the retry", f)
 		h.unlock("L", 2)
 		h.take().none(t) // still waits for the handoff
-		h.reply(retry, replyNil, nil)
+		h.reply(retry, replyInt(2), nil)
 		mustGranted(t, "unlock", f)
-		if hb := h.hold("L", 2); hb == nil || hb.provisional {
+		hb := h.hold("L", 2)
+		if hb == nil || hb.provisional {
 			t.Fatalf("receiver's hold %+v, want a confirmed hold", hb)
 		}
+		if want := firstSent.Add(5 * time.Second); !hb.expiresAt.Equal(want) {
+			t.Errorf("lease runs to %v, want %v (from the first try's send time)", hb.expiresAt, want)
+		}
 		h.take().one(t, scripts.LockRelease) // owner 2's Unlock, now
+	})
+
+	t.Run("transport error, retry finds nothing handed over", func(t *testing.T) {
+		h, _, c, f := setup(t)
+		lost := h.hold("L", 2).lost.C()
+		h.reply(c, scripts.Reply{}, errConn)
+		h.reply(h.take().one(t, scripts.LockHandoff), replyNil, nil)
+		if err := mustGet(t, "unlock", f); !errors.Is(err, ErrLockLost) {
+			t.Fatalf("unlock got %v, want ErrLockLost", err)
+		}
+		mustFired(t, "receiver's Lost", lost)
+		h.take().none(t)
+	})
+
+	t.Run("no queued attempt while the handoff is in flight", func(t *testing.T) {
+		h, _, c, _ := setup(t)
+		other := h.acquire("L", 1, 0, -1) // the releasing owner wants it back
+		h.notice("L")                     // and a release elsewhere is heard
+		h.fire(timer.Key{Kind: kindRetry, ID: h.lockID("L"), Gen: h.lock("L").retryGen})
+		h.take().none(t)
+		h.reply(c, replyInt(2), nil)
+		mustPending(t, "the releasing owner's new Lock", other.future)
 	})
 
 	t.Run("transport error twice", func(t *testing.T) {
@@ -144,8 +174,8 @@ func TestMachineEarlyHandoff(t *testing.T) {
 		for _, r := range h.take().calls(scripts.LockReleaseOwner) {
 			owners = append(owners, r.args[1]+"/"+r.args[2])
 		}
-		if want := []string{"cid:1/0", "cid:2/0"}; !slices.Equal(owners, want) {
-			t.Errorf("owner-guarded releases %v, want %v (both fields may be on the server)", owners, want)
+		if want := []string{"cid:1/0", "cid:2/1"}; !slices.Equal(owners, want) {
+			t.Errorf("owner-guarded releases %v, want %v (both fields may be on the server; the receiver's holds the grant's one count)", owners, want)
 		}
 	})
 
@@ -271,6 +301,96 @@ func TestMachineDeferredGrants(t *testing.T) {
 		}
 		if r := h.take().one(t, scripts.LockReleaseOwner); r.args[1] != "cid:1" {
 			t.Errorf("release_owner args %v, want owner 1's", r.args)
+		}
+	})
+}
+
+// Regressions found in review: while an early handoff is in flight, nothing of the
+// lock's queued waiters may reach Redis (it could re-enter, or take after a
+// force-release, a field the handoff is about to swap or its cleanup to delete),
+// and a lost provisional hold's cleanup drops only the grant's count.
+func TestMachineEarlyHandoffRaces(t *testing.T) {
+	// order lists the step's script calls as "acquire:<waiter>" and
+	// "release_owner:<field>/<drop>", in the order they are sent.
+	order := func(s step) []string {
+		var out []string
+		for _, c := range s.scripts {
+			switch c.script {
+			case scripts.LockAcquire:
+				out = append(out, "acquire:"+strconv.FormatUint(c.waiter, 10))
+			case scripts.LockReleaseOwner:
+				out = append(out, "release_owner:"+c.args[1]+"/"+c.args[2])
+			}
+		}
+		return out
+	}
+
+	t.Run("provisional hold lost, the same owner waits again", func(t *testing.T) {
+		h := newMH(t)
+		a := h.grantFresh("L", 1, time.Second)
+		h.acquire("L", 2, 5*time.Second, -1)
+		w2 := h.acquire("L", 2, 5*time.Second, -1) // the same handle, another goroutine
+		h.take()
+		h.now = h.now.Add(500 * time.Millisecond)
+		h.unlock("L", a.owner)
+		c := h.take().one(t, scripts.LockHandoff)
+		nb := h.hold("L", 2)
+		h.now = nb.expiresAt
+		h.fire(timer.Key{Kind: kindExpiry, ID: nb.id}) // the reply is late
+		mustFired(t, "provisional hold's Lost", nb.lost.C())
+		if got := order(h.take()); len(got) != 0 {
+			t.Fatalf("calls while the handoff is in flight: %v", got)
+		}
+		h.reply(c, replyInt(2), nil)
+		// Redis runs them in this order: a re-entry (count 2), then one count off.
+		if got, want := order(h.take()), []string{"acquire:" + strconv.FormatUint(w2.id, 10), "release_owner:cid:2/1"}; !slices.Equal(got, want) {
+			t.Fatalf("calls after the reply %v, want %v", got, want)
+		}
+	})
+
+	t.Run("failed twice, the releasing owner waits again", func(t *testing.T) {
+		h := newMH(t)
+		a := h.grantFresh("L", 1, time.Second)
+		h.acquire("L", 2, 5*time.Second, -1)
+		h.take()
+		h.now = h.now.Add(500 * time.Millisecond)
+		h.unlock("L", a.owner)
+		c := h.take().one(t, scripts.LockHandoff)
+		again := h.acquire("L", 1, 5*time.Second, -1)
+		h.reply(c, scripts.Reply{}, errConn)
+		retry := h.take().one(t, scripts.LockHandoff)
+		nb := h.hold("L", 2)
+		h.now = nb.expiresAt
+		h.fire(timer.Key{Kind: kindExpiry, ID: nb.id})
+		if got := order(h.take()); len(got) != 0 {
+			t.Fatalf("calls while the retry is in flight: %v", got)
+		}
+		h.reply(retry, scripts.Reply{}, errConn)
+		want := []string{"release_owner:cid:1/0", "acquire:" + strconv.FormatUint(again.id, 10), "release_owner:cid:2/1"}
+		if got := order(h.take()); !slices.Equal(got, want) {
+			t.Fatalf("calls after the second failure %v, want %v (owner 1's field goes before its new attempt)", got, want)
+		}
+	})
+
+	t.Run("force-release before the handoff runs", func(t *testing.T) {
+		h := newMH(t)
+		a := h.grantFresh("L", 1, 0)
+		h.acquire("L", 2, 5*time.Second, -1)
+		h.take()
+		h.unlock("L", a.owner)
+		c := h.take().one(t, scripts.LockHandoff)
+		again := h.acquire("L", 1, 0, -1)
+		h.now = h.now.Add(time.Millisecond)
+		ff := futures.New[forceResult]()
+		h.m.handle(forceUnlockMsg{lock: "L", future: ff}, h.now)
+		h.reply(h.take().one(t, scripts.LockForceRelease), replyInt(1), nil)
+		if got := order(h.take()); len(got) != 0 {
+			t.Fatalf("calls while the handoff is in flight: %v", got)
+		}
+		h.reply(c, replyInt(2), nil) // ran after the force-release: owner 2's field is there
+		want := []string{"acquire:" + strconv.FormatUint(again.id, 10), "release_owner:cid:2/1"}
+		if got := order(h.take()); !slices.Equal(got, want) {
+			t.Fatalf("calls after the reply %v, want %v", got, want)
 		}
 	})
 }

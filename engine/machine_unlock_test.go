@@ -187,7 +187,7 @@ func TestMachineHandoff(t *testing.T) {
 		if want := []string{"L", "redisson_lock__channel:{L}"}; !slices.Equal(c.keys, want) {
 			t.Errorf("keys %v, want %v", c.keys, want)
 		}
-		if want := []string{"cid:1", "80", "cid:2", "5000", "0", "0"}; !slices.Equal(c.args, want) {
+		if want := []string{"cid:1", "80", "cid:2", "5000", "0", "0", "0"}; !slices.Equal(c.args, want) {
 			t.Errorf("args %v, want %v", c.args, want)
 		}
 		mustPending(t, "unlock", f)

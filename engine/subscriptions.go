@@ -41,10 +41,8 @@ func (m *machine) onSubscribed(msg subscribeDone, now time.Time) {
 	switch {
 	case l.fair != nil:
 		m.fairWakeFirst(l, now)
-	case l.attempting != nil:
-		l.wakePending = true
 	default:
-		m.startAttempt(l, now)
+		m.wakeHead(l, now)
 	}
 }
 

@@ -15,11 +15,18 @@
 -- ARGV[4]  the receiving owner's lease in milliseconds
 -- ARGV[5]  "1" when the chain bound is reached, else "0"
 -- ARGV[6]  unlock message ("0")
+-- ARGV[7]  "1" when this call retries one that may have run (its reply was lost):
+--          the releasing owner's field gone and the receiving owner's there then
+--          mean it did, so the reply is 2 (the receiving owner makes no other call
+--          meanwhile); else "0"
 -- Reply: nil when the releasing owner does not hold the lock (nothing changed);
 --        0 when it still holds it after the decrement (no handoff);
 --        1 when the lock was released to everyone (deleted, message published);
 --        2 when the lock passed to the receiving owner with a count of 1.
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+    if ARGV[7] == '1' and redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
+        return 2
+    end
     return nil
 end
 local count = redis.call('hincrby', KEYS[1], ARGV[1], -1)

@@ -573,6 +573,7 @@ func TestLockHandoff(t *testing.T) {
 		name      string
 		hash      string
 		bound     string // ARGV[5]
+		retry     bool   // ARGV[7] = "1"
 		listeners int    // SUBSCRIBE connections on the unlock channel (the caller's included)
 		want      string
 		wantHash  string
@@ -593,6 +594,13 @@ func TestLockHandoff(t *testing.T) {
 			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
 		{name: "bound, nobody listens", hash: from + "=1", bound: "1",
 			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
+		{name: "retry, the first try ran", hash: to + "=1", bound: "0", retry: true,
+			want: "2", wantHash: to + "=1"},
+		{name: "retry, the first try did not run and the field is gone", bound: "0", retry: true, want: "nil"},
+		{name: "retry, another owner holds", hash: "c:9=1", bound: "0", retry: true, want: "nil", wantHash: "c:9=1"},
+		{name: "retry, the first try did not run", hash: from + "=1", bound: "0", retry: true,
+			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
+		{name: "not a retry, the receiver's field there", hash: to + "=1", bound: "0", want: "nil", wantHash: to + "=1"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -602,8 +610,12 @@ func TestLockHandoff(t *testing.T) {
 				e.subscribe(t, channel(key))
 			}
 			w := e.watch(t, key)
+			retry := "0"
+			if tc.retry {
+				retry = "1"
+			}
 			rep := e.run(t, scripts.LockHandoff, []string{key, channel(key)},
-				from, strconv.Itoa(lease), to, strconv.Itoa(leaseB), tc.bound, unlockMsg)
+				from, strconv.Itoa(lease), to, strconv.Itoa(leaseB), tc.bound, unlockMsg, retry)
 			wantReply(t, "lock_handoff", rep, tc.want)
 			e.wantHash(t, key, tc.wantHash)
 			if tc.wantPTTL != 0 {
