@@ -219,6 +219,32 @@ func (e *Engine) Acquire(ctx context.Context, req AcquireRequest) <-chan error {
 	return f.C()
 }
 
+// AcquireWait is Acquire for a caller that waits for the answer itself, and so
+// always receives it: it returns the value Acquire's channel would carry.
+//
+// It registers nothing on ctx. Acquire watches ctx with context.AfterFunc, and
+// keeps watching it after a grant until the hold ends, in case its caller walks
+// away without receiving; that is a registration on ctx per acquisition (a lock on
+// ctx's parent, shared by every goroutine that uses it) and the engine's receipt
+// bookkeeping. AcquireWait's caller instead selects on ctx.Done() itself and, if
+// ctx ends first, tells the engine and still waits for the answer: ctx's error, or
+// nil if the grant came first (then it holds the lock).
+func (e *Engine) AcquireWait(ctx context.Context, req AcquireRequest) error {
+	f := futures.New[error]()
+	id := e.nextWaiter.Add(1)
+	msg := acquireMsg{id: id, lock: req.Lock, owner: req.Owner, fair: req.Fair, lease: req.Lease, wait: req.Wait, ctx: ctx, future: f}
+	if err := e.send(ctx, msg); err != nil {
+		return WrapError(req.Lock, err)
+	}
+	select {
+	case err := <-f.C():
+		return err
+	case <-ctx.Done():
+	}
+	e.mail.post(cancelMsg{id: id, err: ctx.Err()})
+	return <-f.C() // every waiter is answered, on Close too
+}
+
 // Unlock releases one hold of owner on lock. The release goes ahead under the
 // engine's own bounded context even if ctx is already done (a dead context must not
 // leave the lock held until its lease ends); ctx only bounds how long the caller

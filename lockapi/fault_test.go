@@ -234,6 +234,20 @@ func TestCancelWaiter(t *testing.T) {
 				return stats(t, tc.waiter).Waiters == base
 			})
 
+			// (a') the same through Lock, which waits on ctx itself (no AfterFunc).
+			lctx, lcancel := context.WithCancel(context.Background())
+			defer lcancel()
+			locked := make(chan error, 1)
+			go func() { locked <- w.Lock(lctx) }()
+			eventually(t, 5*time.Second, "Lock's waiter to queue", func() bool { return stats(t, tc.waiter).Waiters == base+1 })
+			lcancel()
+			if err, ok := receive(locked, 2*time.Second); !ok || err != context.Canceled {
+				t.Fatalf("cancelled Lock: err = %v (received %v), want context.Canceled itself", err, ok)
+			}
+			eventually(t, 2*time.Second, "Lock's cancelled waiter to leave the queue", func() bool {
+				return stats(t, tc.waiter).Waiters == base
+			})
+
 			// (b) a deadline.
 			dctx, dcancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 			defer dcancel()

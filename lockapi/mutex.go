@@ -37,17 +37,26 @@ func (m *Mutex) Name() string { return m.name }
 //
 // Waiters of one lock in this process are served first come, first served.
 func (m *Mutex) Acquire(ctx context.Context, opts ...AcquireOption) <-chan error {
+	req, err := m.request(ctx, opts)
+	if err != nil {
+		return failed(err)
+	}
+	return m.c.engine.Acquire(ctx, req)
+}
+
+// request checks an acquisition's arguments and makes its engine request.
+func (m *Mutex) request(ctx context.Context, opts []AcquireOption) (engine.AcquireRequest, error) {
 	cfg := acquireConfig{wait: -1}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	if err := m.c.check(ctx, m.name); err != nil {
-		return failed(err)
+		return engine.AcquireRequest{}, err
 	}
 	if cfg.err != nil {
-		return failed(engine.WrapError(m.name, cfg.err))
+		return engine.AcquireRequest{}, engine.WrapError(m.name, cfg.err)
 	}
-	return m.c.engine.Acquire(ctx, engine.AcquireRequest{Lock: m.name, Owner: m.owner, Fair: m.fair, Lease: cfg.lease, Wait: cfg.wait})
+	return engine.AcquireRequest{Lock: m.name, Owner: m.owner, Fair: m.fair, Lease: cfg.lease, Wait: cfg.wait}, nil
 }
 
 func failed(err error) <-chan error {
@@ -58,8 +67,15 @@ func failed(err error) <-chan error {
 
 // Lock waits for the lock until ctx ends. It returns nil when held, ctx's error
 // (unchanged) when ctx ended first, or another error as Acquire's channel carries.
+// If ctx ends just as the lock is granted, Lock may return nil: then it holds the
+// lock. Lock registers nothing on ctx (see engine.AcquireWait), which makes it
+// cheaper than receiving from Acquire.
 func (m *Mutex) Lock(ctx context.Context, opts ...AcquireOption) error {
-	return <-m.Acquire(ctx, opts...)
+	req, err := m.request(ctx, opts)
+	if err != nil {
+		return err
+	}
+	return m.c.engine.AcquireWait(ctx, req)
 }
 
 // TryLock waits at most wait for the lock (0: a single attempt), holding it for
