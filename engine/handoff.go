@@ -274,9 +274,37 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 			m.loseHold(nh, false)
 		}
 	}
+	m.sendWaitingCleanups(d.call.lock, d.call.receiver)
 	if l != nil {
 		m.advance(l, now)
 		m.maybeForget(l)
+	}
+}
+
+// sendWaitingCleanups sends the receiver's owner-guarded cleanups that waited for
+// its early handoff (see abandon), now that its reply is in: before anything else
+// of the lock is sent, so each runs on the fields the handoff left, not on a field
+// a new attempt of the same owner took since. The owner's other waiting requests
+// (an Unlock, a re-entry) stay for markIdle.
+func (m *machine) sendWaitingCleanups(lock, receiver uint64) {
+	q := m.serial[holdKey{lock, receiver}]
+	if q == nil {
+		return
+	}
+	q.early = false
+	kept := q.pending[:0]
+	var cleanups []abandonMsg
+	for _, msg := range q.pending {
+		if c, ok := msg.(abandonMsg); ok {
+			cleanups = append(cleanups, c)
+			continue
+		}
+		kept = append(kept, msg)
+	}
+	clear(q.pending[len(kept):])
+	q.pending = kept
+	for _, c := range cleanups {
+		m.abandon(m.lockFor(c.lock, false), c.owner, c.drop)
 	}
 }
 

@@ -342,8 +342,9 @@ func TestMachineEarlyHandoffRaces(t *testing.T) {
 			t.Fatalf("calls while the handoff is in flight: %v", got)
 		}
 		h.reply(c, replyInt(2), nil)
-		// Redis runs them in this order: a re-entry (count 2), then one count off.
-		if got, want := order(h.take()), []string{"acquire:" + strconv.FormatUint(w2.id, 10), "release_owner:cid:2/1"}; !slices.Equal(got, want) {
+		// Redis runs them in this order: the lost grant's count goes, then the
+		// other waiter takes the lock afresh.
+		if got, want := order(h.take()), []string{"release_owner:cid:2/1", "acquire:" + strconv.FormatUint(w2.id, 10)}; !slices.Equal(got, want) {
 			t.Fatalf("calls after the reply %v, want %v", got, want)
 		}
 	})
@@ -366,9 +367,9 @@ func TestMachineEarlyHandoffRaces(t *testing.T) {
 			t.Fatalf("calls while the retry is in flight: %v", got)
 		}
 		h.reply(retry, scripts.Reply{}, errConn)
-		want := []string{"release_owner:cid:1/0", "acquire:" + strconv.FormatUint(again.id, 10), "release_owner:cid:2/1"}
+		want := []string{"release_owner:cid:1/0", "release_owner:cid:2/1", "acquire:" + strconv.FormatUint(again.id, 10)}
 		if got := order(h.take()); !slices.Equal(got, want) {
-			t.Fatalf("calls after the second failure %v, want %v (owner 1's field goes before its new attempt)", got, want)
+			t.Fatalf("calls after the second failure %v, want %v (both fields go before a new attempt)", got, want)
 		}
 	})
 
@@ -387,10 +388,79 @@ func TestMachineEarlyHandoffRaces(t *testing.T) {
 		if got := order(h.take()); len(got) != 0 {
 			t.Fatalf("calls while the handoff is in flight: %v", got)
 		}
-		h.reply(c, replyInt(2), nil) // ran after the force-release: owner 2's field is there
-		want := []string{"acquire:" + strconv.FormatUint(again.id, 10), "release_owner:cid:2/1"}
+		h.reply(c, replyInt(2), nil) // the handoff ran first; the force-release then deleted the key
+		want := []string{"release_owner:cid:2/1", "acquire:" + strconv.FormatUint(again.id, 10)}
 		if got := order(h.take()); !slices.Equal(got, want) {
 			t.Fatalf("calls after the reply %v, want %v", got, want)
 		}
+	})
+}
+
+// The early handoff's races end with the engine and Redis agreeing, checked
+// against the in-memory model of the scripts (memRedis), each step's calls run in
+// order as one batch. Owner 2 waits twice (one handle, two goroutines); its first
+// waiter is granted early and then loses that hold.
+func TestMachineEarlyHandoffRacesAgainstModel(t *testing.T) {
+	run := func(r *memRedis, calls ...scriptCall) []scripts.Reply {
+		var out []scripts.Reply
+		for _, c := range calls {
+			var pub [][2]string
+			r.mu.Lock()
+			out = append(out, r.run(c.script, c.keys, c.args, &pub))
+			r.mu.Unlock()
+		}
+		return out
+	}
+	setup := func(t *testing.T) (*mh, *memRedis, scriptCall, *tw) {
+		h := newMH(t)
+		r := newMemRedis()
+		a := h.grantFresh("L", 1, 0)
+		r.set("L", "cid:1", 1, 30*time.Second)
+		h.acquire("L", 2, 5*time.Second, -1)
+		w2 := h.acquire("L", 2, 5*time.Second, -1)
+		h.take()
+		h.unlock("L", a.owner)
+		return h, r, h.take().one(t, scripts.LockHandoff), w2
+	}
+	// finish runs the step after the handoff's reply, answers it, and compares.
+	finish := func(t *testing.T, h *mh, r *memRedis, w2 *tw) {
+		t.Helper()
+		s := h.take()
+		for i, rep := range run(r, s.scripts...) {
+			h.reply(s.scripts[i], rep, nil)
+		}
+		mustGranted(t, "owner 2's other waiter", w2.future)
+		if hb := h.hold("L", 2); hb == nil || r.holders("L")["cid:2"] != int64(hb.count) {
+			t.Errorf("engine: owner 2's hold %+v; Redis: %v", hb, r.holders("L"))
+		}
+	}
+	force := func(h *mh) scriptCall {
+		h.m.handle(forceUnlockMsg{lock: "L", future: futures.New[forceResult]()}, h.now)
+		return h.take().one(t, scripts.LockForceRelease)
+	}
+
+	t.Run("handoff, then a force-release", func(t *testing.T) {
+		h, r, c, w2 := setup(t)
+		fc := force(h)
+		rc := run(r, c)[0]
+		rf := run(r, fc)[0]
+		h.reply(fc, rf, nil)
+		h.reply(c, rc, nil)
+		finish(t, h, r, w2)
+	})
+	t.Run("a force-release, then the handoff", func(t *testing.T) {
+		h, r, c, w2 := setup(t)
+		fc := force(h)
+		rf := run(r, fc)[0]
+		rc := run(r, c)[0]
+		h.reply(fc, rf, nil)
+		h.reply(c, rc, nil)
+		finish(t, h, r, w2)
+	})
+	t.Run("neither try ran", func(t *testing.T) {
+		h, r, c, w2 := setup(t)
+		h.reply(c, scripts.Reply{}, errConn)
+		h.reply(h.take().one(t, scripts.LockHandoff), scripts.Reply{}, errConn)
+		finish(t, h, r, w2)
 	})
 }
