@@ -67,6 +67,7 @@ const (
 	kindSweep                      // the watchdog's renewal sweep
 	kindLinger                     // an idle lock's subscription may be dropped
 	kindFairRetry                  // a fair-lock waiter retries (the one ahead may have timed out)
+	kindForget                     // idle lock states are dropped (see locks.go)
 )
 
 // timerOp arms (d >= 0) or cancels (cancel) one timer entry.

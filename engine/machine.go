@@ -55,6 +55,8 @@ type machine struct {
 	nextID        uint64 // ids of locks and holds
 	watchdogHolds int    // holds renewed by the watchdog
 	sweepArmed    bool
+	idleLocks     int  // lock states kept idle (see locks.go)
+	forgetArmed   bool // the idle states' timer is armed
 	closing       bool
 	// deferGrants: grants are completed by flushGrants, not at once (see deliver);
 	// set by the Engine, left off by the machine's own tests.
@@ -172,6 +174,11 @@ type lockState struct {
 	// chainStart is when that chain began.
 	chain      int
 	chainStart time.Time
+
+	// idle: nothing refers to the state; it is kept for reuse since idleSince
+	// (see locks.go).
+	idle      bool
+	idleSince time.Time
 }
 
 type subState uint8
@@ -182,35 +189,6 @@ const (
 	subSubscribed
 	subUnsubscribing
 )
-
-func (m *machine) lockFor(name string, fair bool) *lockState {
-	if l := m.locks[name]; l != nil {
-		return l
-	}
-	m.nextID++
-	l := &lockState{id: m.nextID, name: name, channel: channelName(name)}
-	l.nameKeys = []string{l.name}
-	l.releaseKeys = []string{l.name, l.channel}
-	if fair {
-		k := newFairKeys(name, m.cfg.clientID)
-		l.fair = &k
-	}
-	m.locks[name] = l
-	m.lockByID[l.id] = l
-	m.lockByChannel[l.channel] = l
-	return l
-}
-
-// maybeForget drops a lock's state once nothing refers to it.
-func (m *machine) maybeForget(l *lockState) {
-	if l.queue.len > 0 || len(l.holders) > 0 || l.attempting != nil || l.inflight > 0 || l.sub != subNone {
-		return
-	}
-	m.disarmRetry(l)
-	delete(m.locks, l.name)
-	delete(m.lockByID, l.id)
-	delete(m.lockByChannel, l.channel)
-}
 
 // ---- effects helpers ----
 
@@ -301,6 +279,8 @@ func (m *machine) onTimer(key timer.Key, now time.Time) {
 		m.onExpiry(key.ID, now)
 	case kindSweep:
 		m.onSweep(now)
+	case kindForget:
+		m.onForget(now)
 	case kindLinger:
 		l := m.lockByID[key.ID]
 		if l == nil || l.lingerGen != key.Gen {
@@ -396,7 +376,7 @@ func (m *machine) snapshot() Stats {
 	s := m.stats
 	s.Waiters = len(m.waiters)
 	s.Holds = len(m.holdByID)
-	s.Locks = len(m.locks)
+	s.Locks = len(m.locks) - m.idleLocks
 	s.Receipts = len(m.receipts)
 	return s
 }

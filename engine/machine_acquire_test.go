@@ -233,7 +233,7 @@ func TestMachineRedisErrorFailsWaiter(t *testing.T) {
 	if !errors.As(err, &got) || got != redisErr {
 		t.Fatalf("got %v, want the Redis error wrapped", err)
 	}
-	if h.m.locks["L"] != nil {
+	if h.live("L") {
 		t.Errorf("lock state kept after its only waiter failed")
 	}
 	if st := h.m.snapshot(); st.Waiters != 0 || st.Holds != 0 {
@@ -259,7 +259,7 @@ func TestMachineOneShot(t *testing.T) {
 		if len(s.scripts) != 0 || len(s.subs) != 0 || len(s.armed(kindRetry)) != 0 {
 			t.Errorf("one-shot refusal ran effects: %v", s)
 		}
-		if h.m.locks["L"] != nil {
+		if h.live("L") {
 			t.Errorf("lock state kept after a one-shot")
 		}
 	})

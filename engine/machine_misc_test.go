@@ -43,7 +43,7 @@ func TestMachineForceUnlock(t *testing.T) {
 		if h.hold("L", 1) != nil {
 			t.Error("hold kept after force")
 		}
-		if h.m.locks["L"] != nil {
+		if h.live("L") {
 			t.Error("lock state kept")
 		}
 	})
@@ -124,7 +124,7 @@ func TestMachineSubscriptionLifecycle(t *testing.T) {
 		h.m.handle(unsubscribeDone{lock: h.lockID("L")}, h.now)
 		c2, _ := h.unlockCall(t, "L", holder.owner, scripts.LockRelease)
 		h.reply(c2, replyInt(1), nil)
-		if h.m.locks["L"] != nil {
+		if h.live("L") {
 			t.Error("idle lock state kept")
 		}
 	})
@@ -168,7 +168,7 @@ func TestMachineAlreadyCancelled(t *testing.T) {
 			t.Errorf("AfterFunc unregistered %d times, want 1", stops)
 		}
 		h.take().none(t)
-		if h.m.locks["L"] != nil {
+		if h.live("L") {
 			t.Error("lock state created for a cancelled request")
 		}
 	})

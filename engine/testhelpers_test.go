@@ -386,3 +386,10 @@ func (h *mh) grantFresh(lock string, owner uint64, lease time.Duration) *tw {
 	mustGranted(h.t, "grant on a free lock", w.future)
 	return w
 }
+
+// live reports whether the machine has a lock state for name that is in use (not
+// kept idle for reuse, see locks.go).
+func (h *mh) live(name string) bool {
+	l := h.m.locks[name]
+	return l != nil && !l.idle
+}
