@@ -133,13 +133,21 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 	m.run(scriptCall{
 		script:  scripts.LockAcquire,
 		keys:    w.lock.nameKeys,
-		args:    []string{m.leaseText(w.lease), ownerField(m.cfg.clientID, w.owner)},
+		args:    []string{m.leaseText(w.lease), m.waiterField(w)},
 		purpose: purposeAttempt,
 		lock:    w.lock.id,
 		waiter:  w.id,
 		owner:   w.owner,
 		serial:  w.direct,
 	})
+}
+
+// waiterField is w's owner field, "<client-id>:<owner-id>", made once per waiter.
+func (m *machine) waiterField(w *waiter) string {
+	if w.field == "" {
+		w.field = ownerField(m.cfg.clientID, w.owner)
+	}
+	return w.field
 }
 
 func (m *machine) leaseOf(lease time.Duration) time.Duration {
@@ -306,7 +314,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 	m.cancelWait(w)
 	w.enqueued = false // the script took it out of the Redis queue
 	m.disarm(kindFairRetry, w.id, &w.retryGen)
-	h := m.addHold(l, w.owner, w.lease, sentAt, now)
+	h := m.addHold(l, w.owner, m.waiterField(w), w.lease, sentAt, now)
 	m.stats.Grants++
 
 	err := w.cancelErr

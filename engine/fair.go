@@ -141,7 +141,7 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 		joining: joining,
 		script:  scripts.FairAcquire,
 		keys:    l.fair.acquireKeys,
-		args: []string{millis(lease), ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), wallMillis(now), try,
+		args: []string{millis(lease), m.waiterField(w), millis(m.cfg.fairWait), wallMillis(now), try,
 			register, claim},
 		purpose: purposeAttempt,
 		lock:    l.id,
@@ -379,7 +379,7 @@ func (m *machine) fairLeave(w *waiter) {
 	m.run(scriptCall{
 		script:  scripts.FairLeave,
 		keys:    l.fair.keys,
-		args:    []string{ownerField(m.cfg.clientID, w.owner), millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), claim},
+		args:    []string{m.waiterField(w), millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), claim},
 		purpose: purposeLeave,
 		lock:    l.id,
 		owner:   w.owner,

@@ -89,7 +89,7 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	call := scriptCall{
 		script:   scripts.LockHandoff,
 		keys:     l.releaseKeys,
-		args:     []string{h.field, m.leaseText(h.lease), ownerField(m.cfg.clientID, w.owner), m.leaseText(w.lease), bound, unlockMessage, "0"},
+		args:     []string{h.field, m.leaseText(h.lease), m.waiterField(w), m.leaseText(w.lease), bound, unlockMessage, "0"},
 		purpose:  purposeHandoff,
 		lock:     l.id,
 		waiter:   w.id,
@@ -103,7 +103,7 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 		// No bound: the fair script hands over only to the Redis queue's head.
 		call.script = scripts.FairHandoff
 		call.keys = l.fair.keys
-		call.args = []string{h.field, m.leaseText(h.lease), ownerField(m.cfg.clientID, w.owner), m.leaseText(w.lease),
+		call.args = []string{h.field, m.leaseText(h.lease), m.waiterField(w), m.leaseText(w.lease),
 			millis(m.cfg.fairWait), wallMillis(now), unlockMessage}
 	}
 	if m.canGrantEarly(l, h, w, bounded, now) {

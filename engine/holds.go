@@ -43,18 +43,28 @@ type hold struct {
 	// the first sweep after its grant, not at the grant (see onSweep).
 	expiryArmed bool
 
-	lost     *futures.Signal
-	receipts []uint64 // grants still watched for an unreceived take-back
+	lost     *futures.Signal // made when first asked for (see onLost); nil until then
+	receipts []uint64        // grants still watched for an unreceived take-back
+}
+
+// lostSignal returns h's Lost signal, made on first use: most holds end without
+// anyone asking for it.
+func (h *hold) lostSignal() *futures.Signal {
+	if h.lost == nil {
+		h.lost = futures.NewSignal()
+	}
+	return h.lost
 }
 
 // addHold records a grant: a new hold, or one more count on the owner's hold.
-func (m *machine) addHold(l *lockState, owner uint64, lease time.Duration, sentAt, now time.Time) *hold {
+// field is the owner's field.
+func (m *machine) addHold(l *lockState, owner uint64, field string, lease time.Duration, sentAt, now time.Time) *hold {
 	key := holdKey{l.id, owner}
 	h := m.holds[key]
 	if h == nil {
 		delete(m.lostHolds, key)
 		m.nextID++
-		h = &hold{id: m.nextID, lock: l, owner: owner, field: ownerField(m.cfg.clientID, owner), lease: -1, lost: futures.NewSignal()}
+		h = &hold{id: m.nextID, lock: l, owner: owner, field: field, lease: -1}
 		m.holds[key] = h
 		m.holdByID[h.id] = h
 		l.holders = append(l.holders, h)
@@ -87,7 +97,9 @@ func (m *machine) addHold(l *lockState, owner uint64, lease time.Duration, sentA
 // a lock we told the holder it lost does not linger until its lease ends.
 func (m *machine) loseHold(h *hold, release bool) {
 	m.mayBeFree(h.lock)
-	h.lost.Fire()
+	if h.lost != nil {
+		h.lost.Fire()
+	} // else nobody asked for it: Lost of a hold that is gone is already closed
 	if len(m.lostHolds) >= maxLostHolds {
 		clear(m.lostHolds) // only an error's detail is lost: Unlock says ErrNotHeld then
 	}

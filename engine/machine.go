@@ -49,6 +49,7 @@ type machine struct {
 	receipts      map[uint64]*receipt // grants whose context is still watched, by waiter id
 	holds         map[holdKey]*hold
 	serial        map[holdKey]*ownerCalls // owners with a direct acquire or a release in flight
+	freeCalls     []*ownerCalls           // unused ownerCalls, for reuse (see maxFreeCalls)
 	lostHolds     map[holdKey]struct{}    // owners whose last hold was lost, until they Unlock or hold again
 	holdByID      map[uint64]*hold
 

@@ -591,7 +591,7 @@ func TestMachineCancelRacingGrant(t *testing.T) {
 		if st := h.m.snapshot(); st.Receipts != 1 {
 			t.Fatalf("receipts %d, want 1 (the grant's context is still watched)", st.Receipts)
 		}
-		lost := h.hold("L", 1).lost.C()
+		lost := h.hold("L", 1).lostSignal().C()
 		h.cancelCtx(w)
 		releaseOwner(t, h.take(), "cid:1")
 		if err := mustGet(t, "revoked grant", w.future); err != context.Canceled {

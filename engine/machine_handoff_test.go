@@ -90,7 +90,7 @@ func TestMachineEarlyHandoff(t *testing.T) {
 
 	t.Run("releasing owner had lost it (reply nil)", func(t *testing.T) {
 		h, _, c, f := setup(t)
-		lost := h.hold("L", 2).lost.C()
+		lost := h.hold("L", 2).lostSignal().C()
 		h.reply(c, replyNil, nil)
 		if err := mustGet(t, "unlock", f); !errors.Is(err, ErrLockLost) {
 			t.Fatalf("unlock got %v, want ErrLockLost", err)
@@ -104,7 +104,7 @@ func TestMachineEarlyHandoff(t *testing.T) {
 
 	t.Run("releasing owner counted more (reply 0)", func(t *testing.T) {
 		h, _, c, f := setup(t)
-		lost := h.hold("L", 2).lost.C()
+		lost := h.hold("L", 2).lostSignal().C()
 		h.reply(c, replyInt(0), nil)
 		mustGranted(t, "unlock", f)
 		mustFired(t, "receiver's Lost", lost)
@@ -140,7 +140,7 @@ func TestMachineEarlyHandoff(t *testing.T) {
 
 	t.Run("transport error, retry finds nothing handed over", func(t *testing.T) {
 		h, _, c, f := setup(t)
-		lost := h.hold("L", 2).lost.C()
+		lost := h.hold("L", 2).lostSignal().C()
 		h.reply(c, scripts.Reply{}, errConn)
 		h.reply(h.take().one(t, scripts.LockHandoff), replyNil, nil)
 		if err := mustGet(t, "unlock", f); !errors.Is(err, ErrLockLost) {
@@ -162,7 +162,7 @@ func TestMachineEarlyHandoff(t *testing.T) {
 
 	t.Run("transport error twice", func(t *testing.T) {
 		h, _, c, f := setup(t)
-		lost := h.hold("L", 2).lost.C()
+		lost := h.hold("L", 2).lostSignal().C()
 		h.reply(c, scripts.Reply{}, errConn)
 		retry := h.take().one(t, scripts.LockHandoff)
 		h.reply(retry, scripts.Reply{}, errConn)
@@ -198,7 +198,7 @@ func TestMachineEarlyHandoff(t *testing.T) {
 
 	t.Run("close waits for the reply to release", func(t *testing.T) {
 		h, _, c, f := setup(t)
-		lost := h.hold("L", 2).lost.C()
+		lost := h.hold("L", 2).lostSignal().C()
 		h.m.handle(closeMsg{}, h.now)
 		mustFired(t, "receiver's Lost", lost)
 		if s := h.take(); len(s.calls(scripts.LockReleaseOwner)) != 0 {
@@ -335,9 +335,10 @@ func TestMachineEarlyHandoffRaces(t *testing.T) {
 		h.unlock("L", a.owner)
 		c := h.take().one(t, scripts.LockHandoff)
 		nb := h.hold("L", 2)
+		lost := nb.lostSignal().C()
 		h.now = nb.expiresAt
 		h.fire(timer.Key{Kind: kindExpiry, ID: nb.id}) // the reply is late
-		mustFired(t, "provisional hold's Lost", nb.lost.C())
+		mustFired(t, "provisional hold's Lost", lost)
 		if got := order(h.take()); len(got) != 0 {
 			t.Fatalf("calls while the handoff is in flight: %v", got)
 		}

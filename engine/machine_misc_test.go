@@ -24,7 +24,7 @@ func TestMachineForceUnlock(t *testing.T) {
 	t.Run("held locally", func(t *testing.T) {
 		h := newMH(t)
 		h.grantFresh("L", 1, 0)
-		lost := h.hold("L", 1).lost.C()
+		lost := h.hold("L", 1).lostSignal().C()
 		f := force(h)
 		c := h.take().one(t, scripts.LockForceRelease)
 		if !slices.Equal(c.keys, []string{"L", "redisson_lock__channel:{L}"}) || !slices.Equal(c.args, []string{"0"}) {

@@ -80,7 +80,7 @@ func TestMachineCancelledGrantEmptiesQueue(t *testing.T) {
 func TestMachineRefusedReentryLosesHold(t *testing.T) {
 	h := newMH(t)
 	h.grantFresh("L", 1, 0)
-	lost := h.hold("L", 1).lost.C()
+	lost := h.hold("L", 1).lostSignal().C()
 	h.acquire("L", 1, 0, -1)
 	h.reply(h.take().one(t, scripts.LockAcquire), replyPTTL(20*time.Second), nil)
 	mustFired(t, "Lost", lost)
@@ -97,7 +97,7 @@ func TestMachineForceSparesLaterGrant(t *testing.T) {
 	sentAt := h.now
 	h.now = h.now.Add(time.Millisecond)
 	h.grantFresh("L", 1, 0)
-	lost := h.hold("L", 1).lost.C()
+	lost := h.hold("L", 1).lostSignal().C()
 	h.replyAt(f, sentAt, replyInt(1), nil)
 	mustNotFired(t, "Lost of the later grant", lost)
 	if h.hold("L", 1) == nil {

@@ -56,7 +56,7 @@ func TestMachineUnlock(t *testing.T) {
 			if exp := h.take().armed(kindExpiry); len(exp) != 1 {
 				t.Fatalf("the first sweep armed expiry entries %+v, want the hold's", exp)
 			}
-			lost := hd.lost.C()
+			lost := hd.lostSignal().C()
 
 			f := h.unlock("L", 1)
 			c := h.take().one(t, scripts.LockRelease)
@@ -181,7 +181,7 @@ func TestMachineHandoff(t *testing.T) {
 
 	t.Run("handed over", func(t *testing.T) {
 		h, a, b := setup(t)
-		lostA := h.hold("L", 1).lost.C()
+		lostA := h.hold("L", 1).lostSignal().C()
 		f := h.unlock("L", a.owner)
 		c := h.take().one(t, scripts.LockHandoff) // not a release plus an attempt
 		if want := []string{"L", "redisson_lock__channel:{L}"}; !slices.Equal(c.keys, want) {
@@ -227,7 +227,7 @@ func TestMachineHandoff(t *testing.T) {
 	})
 	t.Run("releasing owner had lost it (reply nil)", func(t *testing.T) {
 		h, a, b := setup(t)
-		lostA := h.hold("L", 1).lost.C()
+		lostA := h.hold("L", 1).lostSignal().C()
 		f := h.unlock("L", a.owner)
 		h.reply(h.take().one(t, scripts.LockHandoff), replyNil, nil)
 		if err := mustGet(t, "unlock", f); !errors.Is(err, ErrNotHeld) {
@@ -419,7 +419,7 @@ func TestMachineStaleTimers(t *testing.T) {
 func TestMachineUnlockRetryAfterAmbiguousFailure(t *testing.T) {
 	h := newMH(t)
 	h.grantFresh("L", 1, 0)
-	lost := h.hold("L", 1).lost.C()
+	lost := h.hold("L", 1).lostSignal().C()
 	f := h.unlock("L", 1)
 	h.reply(h.take().one(t, scripts.LockRelease), scripts.Reply{}, errConn)
 	h.reply(h.take().one(t, scripts.LockRelease), replyNil, nil)

@@ -138,7 +138,7 @@ func TestMachineRenewal(t *testing.T) {
 		h.grantFresh("L", 1, 0)
 		waiter := h.acquire("L", 2, 0, -1)
 		h.take()
-		lost := h.hold("L", 1).lost.C()
+		lost := h.hold("L", 1).lostSignal().C()
 		h.now = h.now.Add(9 * time.Second)
 		h.fire(sweepKey)
 		h.reply(h.take().one(t, scripts.LockRenew), replyInts(0), nil)
@@ -158,7 +158,7 @@ func TestMachineRenewal(t *testing.T) {
 	t.Run("transport error leaves the hold to the next sweep", func(t *testing.T) {
 		h := newMH(t)
 		h.grantFresh("L", 1, 0)
-		lost := h.hold("L", 1).lost.C()
+		lost := h.hold("L", 1).lostSignal().C()
 		h.now = h.now.Add(9 * time.Second)
 		h.fire(sweepKey)
 		h.reply(h.take().one(t, scripts.LockRenew), scripts.Reply{}, errConn)
@@ -212,7 +212,7 @@ func TestMachineExpiry(t *testing.T) {
 			h.grantFresh("L", 1, tt.lease)
 			hd := h.hold("L", 1)
 			key := timer.Key{Kind: kindExpiry, ID: hd.id}
-			lost := hd.lost.C()
+			lost := hd.lostSignal().C()
 
 			h.now = start.Add(time.Second) // early
 			h.fire(key)
@@ -290,7 +290,7 @@ func TestMachineClose(t *testing.T) {
 	bAtt := h.take().one(t, scripts.LockAcquire)
 	// C: held with an explicit lease.
 	h.grantFresh("C", 4, 10*time.Second)
-	lostA, lostC := h.hold("A", 1).lost.C(), h.hold("C", 4).lost.C()
+	lostA, lostC := h.hold("A", 1).lostSignal().C(), h.hold("C", 4).lostSignal().C()
 
 	h.m.handle(closeMsg{}, h.now)
 	s := h.take()

@@ -16,6 +16,10 @@ import "time"
 // Queued attempts need no such care: an owner in the queue holds nothing, and its
 // queued attempt is its only call.
 
+// maxFreeCalls bounds machine.freeCalls, the ownerCalls kept for reuse: one per
+// Unlock otherwise.
+const maxFreeCalls = 256
+
 // ownerCalls is one owner's serialization state.
 type ownerCalls struct {
 	active  bool      // a serialized call is in flight
@@ -37,7 +41,12 @@ func (m *machine) deferIfBusy(k holdKey, msg message) bool {
 func (m *machine) markBusy(k holdKey) {
 	q := m.serial[k]
 	if q == nil {
-		q = &ownerCalls{}
+		if n := len(m.freeCalls); n > 0 {
+			q = m.freeCalls[n-1]
+			m.freeCalls = m.freeCalls[:n-1]
+		} else {
+			q = &ownerCalls{}
+		}
 		m.serial[k] = q
 	}
 	q.active = true
@@ -60,6 +69,10 @@ func (m *machine) markIdle(k holdKey, now time.Time) {
 	}
 	if !q.active && len(q.pending) == 0 {
 		delete(m.serial, k)
+		if len(m.freeCalls) < maxFreeCalls {
+			q.pending = q.pending[:0]
+			m.freeCalls = append(m.freeCalls, q)
+		}
 	}
 }
 

@@ -156,7 +156,7 @@ func (m *machine) onForceDone(d scriptDone, now time.Time) {
 func (m *machine) onLost(msg lostMsg) {
 	if l := m.locks[msg.lock]; l != nil {
 		if h := m.holds[holdKey{l.id, msg.owner}]; h != nil {
-			msg.future.Complete(h.lost.C())
+			msg.future.Complete(h.lostSignal().C())
 			return
 		}
 	}

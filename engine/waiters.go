@@ -16,6 +16,7 @@ type waiter struct {
 	id     uint64
 	lock   *lockState
 	owner  uint64
+	field  string        // the owner's field, once made (see machine.waiterField)
 	lease  time.Duration // 0: watchdog
 	ctx    context.Context
 	stop   func() bool // unregisters the cancellation callback; nil when ctx never ends

@@ -47,8 +47,14 @@ func (m *Mutex) Acquire(ctx context.Context, opts ...AcquireOption) <-chan error
 // request checks an acquisition's arguments and makes its engine request.
 func (m *Mutex) request(ctx context.Context, opts []AcquireOption) (engine.AcquireRequest, error) {
 	cfg := acquireConfig{wait: -1}
-	for _, o := range opts {
-		o(&cfg)
+	if len(opts) > 0 {
+		// Options take a pointer, which moves what it points to onto the heap: a
+		// copy, so a call without options allocates nothing here.
+		c := cfg
+		for _, o := range opts {
+			o(&c)
+		}
+		cfg = c
 	}
 	if err := m.c.check(ctx, m.name); err != nil {
 		return engine.AcquireRequest{}, err
