@@ -59,6 +59,7 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 	}
 	l.queue.push(w)
 	m.advance(l, now)
+	m.maybeForget(l) // advance may have pruned w at once
 }
 
 // advance starts the head's attempt when nothing is in flight and the lock may be

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"strconv"
 	"time"
 
@@ -144,7 +145,7 @@ func (m *machine) dropHold(h *hold) {
 	delete(m.holdByID, h.id)
 	for i, x := range l.holders {
 		if x == h {
-			l.holders = append(l.holders[:i], l.holders[i+1:]...)
+			l.holders = slices.Delete(l.holders, i, i+1) // zeroes the freed slot
 			break
 		}
 	}

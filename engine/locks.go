@@ -59,12 +59,17 @@ func (m *machine) maybeForget(l *lockState) {
 		return
 	}
 	m.disarmRetry(l)
+	l.backoff = 0 // as a fresh state's
 	l.idle = true
 	l.idleSince = m.now
 	m.idleLocks++
 	if m.idleLocks > maxIdleLocks || m.closing {
 		m.forget(l)
 		return
+	}
+	if !l.inIdleQueue {
+		l.inIdleQueue = true
+		m.idleQueue = append(m.idleQueue, l)
 	}
 	if !m.forgetArmed {
 		m.forgetArmed = true
@@ -84,17 +89,26 @@ func (m *machine) forget(l *lockState) {
 }
 
 // onForget drops the states idle for idleKeep or more, and comes back while any
-// are left.
+// are left. It looks only at the idle queue: the states marked idle since they
+// last left it, each once however often it was used and left idle again. A state
+// in use is taken off the queue; maybeForget puts it back when it is idle again.
 func (m *machine) onForget(now time.Time) {
 	m.forgetArmed = false
-	for _, l := range m.locks {
-		// Used again without lockFor (a cleanup in flight, say): maybeForget marks
-		// it anew once that is done.
-		if l.idle && !now.Before(l.idleSince.Add(idleKeep)) && unused(l) {
+	kept := m.idleQueue[:0]
+	for _, l := range m.idleQueue {
+		switch {
+		case m.locks[l.name] != l || !l.idle:
+			l.inIdleQueue = false // forgotten, or in use
+		case now.Before(l.idleSince.Add(idleKeep)) || !unused(l):
+			kept = append(kept, l)
+		default:
+			l.inIdleQueue = false
 			m.forget(l)
 		}
 	}
-	if m.idleLocks > 0 && !m.closing {
+	clear(m.idleQueue[len(kept):])
+	m.idleQueue = kept
+	if len(m.idleQueue) > 0 && !m.closing {
 		m.forgetArmed = true
 		m.schedule(timer.Key{Kind: kindForget}, idleKeep)
 	}

@@ -56,8 +56,9 @@ type machine struct {
 	nextID        uint64 // ids of locks and holds
 	watchdogHolds int    // holds renewed by the watchdog
 	sweepArmed    bool
-	idleLocks     int  // lock states kept idle (see locks.go)
-	forgetArmed   bool // the idle states' timer is armed
+	idleLocks     int          // lock states kept idle (see locks.go)
+	idleQueue     []*lockState // states marked idle, each once (see onForget)
+	forgetArmed   bool         // the idle states' timer is armed
 	closing       bool
 	// deferGrants: grants are completed by flushGrants, not at once (see deliver);
 	// set by the Engine, left off by the machine's own tests.
@@ -178,8 +179,9 @@ type lockState struct {
 
 	// idle: nothing refers to the state; it is kept for reuse since idleSince
 	// (see locks.go).
-	idle      bool
-	idleSince time.Time
+	idle        bool
+	idleSince   time.Time
+	inIdleQueue bool // in machine.idleQueue
 }
 
 type subState uint8

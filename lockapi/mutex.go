@@ -86,8 +86,9 @@ func (m *Mutex) Lock(ctx context.Context, opts ...AcquireOption) error {
 
 // TryLock waits at most wait for the lock (0: a single attempt), holding it for
 // lease once acquired (0: renewed by the watchdog until Unlock). It returns true
-// when held; false with a nil error when the wait ran out; false with ctx's error
-// when ctx ended first; false with ErrInvalidArgument for a negative wait or lease.
+// when held (also if ctx ended just as the lock was granted: see Lock); false with
+// a nil error when the wait ran out; false with ctx's error when ctx ended first;
+// false with ErrInvalidArgument for a negative wait or lease.
 func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, error) {
 	opts := []AcquireOption{WithWait(wait)}
 	if lease != 0 {
