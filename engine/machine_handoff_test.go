@@ -440,24 +440,25 @@ func TestMachineEarlyHandoffRacesAgainstModel(t *testing.T) {
 		return h.take().one(t, scripts.LockForceRelease)
 	}
 
-	t.Run("handoff, then a force-release", func(t *testing.T) {
-		h, r, c, w2 := setup(t)
-		fc := force(h)
-		rc := run(r, c)[0]
-		rf := run(r, fc)[0]
-		h.reply(fc, rf, nil)
-		h.reply(c, rc, nil)
-		finish(t, h, r, w2)
-	})
-	t.Run("a force-release, then the handoff", func(t *testing.T) {
-		h, r, c, w2 := setup(t)
-		fc := force(h)
-		rf := run(r, fc)[0]
-		rc := run(r, c)[0]
-		h.reply(fc, rf, nil)
-		h.reply(c, rc, nil)
-		finish(t, h, r, w2)
-	})
+	for _, forceFirst := range []bool{false, true} {
+		name := "handoff, then a force-release"
+		if forceFirst {
+			name = "a force-release, then the handoff"
+		}
+		t.Run(name, func(t *testing.T) {
+			h, r, c, w2 := setup(t)
+			fc := force(h)
+			var rc, rf scripts.Reply
+			if forceFirst {
+				rf, rc = run(r, fc)[0], run(r, c)[0]
+			} else {
+				rc, rf = run(r, c)[0], run(r, fc)[0]
+			}
+			h.reply(fc, rf, nil) // the force-release's reply comes first either way
+			h.reply(c, rc, nil)
+			finish(t, h, r, w2)
+		})
+	}
 	t.Run("neither try ran", func(t *testing.T) {
 		h, r, c, w2 := setup(t)
 		h.reply(c, scripts.Reply{}, errConn)
