@@ -24,5 +24,9 @@
 // one local waiter, the head, retry (one script call per message per process, not
 // one per waiter); when the releasing owner and the next local waiter live in the
 // same process, one script hands the lock over without a pub/sub hop, bounded so
-// other processes' waiters are not starved.
+// other processes' waiters are not starved, and below that bound the next waiter
+// is granted as the Unlock arrives, under the releaser's lease, before the script's
+// reply confirms the swap (handoff.go). Grants are completed after the step's I/O
+// goroutines start (machine.deliver), and an unused lock's state is kept a while
+// for reuse (locks.go).
 package engine
