@@ -1,6 +1,7 @@
 package lockapi_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -116,4 +117,62 @@ func TestLocalHandoffChainIsExclusive(t *testing.T) {
 	}
 	t.Logf("%d acquisitions: %d handoffs, %d early grants, %d script calls", goroutines*rounds, st.Handoffs, st.EarlyGrants, st.ScriptCalls)
 	mustBeLocked(t, srv, name, false)
+}
+
+// An early local grant while the server is frozen: the handoff's reply never comes
+// in time (its call times out only after 2 s), so the new holder runs only under the
+// old holder's lease, and its Lost closes before that lease could have run out on
+// the server. Once the server
+// answers again, nothing of either owner is left on it.
+func TestLocalHandoffWhileRedisFreezes(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	const watchdog = 600 * time.Millisecond
+	c := newClient(t, srv, lockapi.Options{WatchdogTimeout: watchdog, OpTimeout: 2 * time.Second})
+	name := lockName(t, "")
+
+	a, b := c.Mutex(name), c.Mutex(name)
+	lockWithin(t, a, 5*time.Second)
+	// b's own lease is longer than a's: until the swap is confirmed, a's decides.
+	got := b.Acquire(ctxFor(t, 30*time.Second), lockapi.WithLease(5*time.Second))
+	eventually(t, 5*time.Second, "b to wait", func() bool { return stats(t, c).Waiters == 1 })
+	// A fresh lease for a: a renewal comes every watchdog/3.
+	before := stats(t, c).Renewals
+	eventually(t, 5*time.Second, "a renewal of a's hold", func() bool { return stats(t, c).Renewals > before })
+
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	pausedAt := time.Now()
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			srv.Resume()
+		}
+	})
+	unlocked := make(chan error, 1)
+	go func() { unlocked <- a.Unlock(context.Background()) }()
+	err, ok := receive(got, 5*time.Second)
+	if !ok || err != nil {
+		t.Fatalf("b's Acquire during the freeze = %v (received %v); want an early grant", err, ok)
+	}
+	select {
+	case <-b.Lost():
+	case <-time.After(3 * time.Second):
+		t.Fatalf("b's Lost still open %v into the freeze (a's lease %v)", time.Since(pausedAt), watchdog)
+	}
+	if took := time.Since(pausedAt); took > watchdog+300*time.Millisecond {
+		t.Errorf("b's Lost closed %v after the freeze; a's lease (%v) could have expired first", took, watchdog)
+	}
+	if err := srv.Resume(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	if _, ok := receive(unlocked, 10*time.Second); !ok {
+		t.Fatal("a's Unlock did not return after the server came back")
+	}
+	eventually(t, 5*time.Second, "both owners' fields to be gone on the server", func() bool {
+		return do(t, srv, "EXISTS", name) == "0"
+	})
+	lockWithin(t, c.Mutex(name), 5*time.Second)
 }
