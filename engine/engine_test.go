@@ -87,7 +87,7 @@ func TestEngineAcquireUnlock(t *testing.T) {
 	if err := h.e.Unlock(ctx, "L", owner); !errors.Is(err, ErrNotHeld) {
 		t.Fatalf("third unlock: %v, want ErrNotHeld", err)
 	}
-	eventually(t, "lock state forgotten", func() bool { return h.stats().Locks == 0 })
+	eventually(t, "lock state no longer live (idle or forgotten)", func() bool { return h.stats().Locks == 0 })
 }
 
 // contention runs goroutines that each take lock rounds times on an engine, with a

@@ -304,7 +304,15 @@ func (m *machine) sendWaitingCleanups(lock, receiver uint64) {
 	clear(q.pending[len(kept):])
 	q.pending = kept
 	for _, c := range cleanups {
-		m.abandon(m.lockFor(c.lock, false), c.owner, c.drop)
+		m.runCleanup(c)
+	}
+}
+
+// runCleanup sends a cleanup that waited for an early handoff. Its lock's state
+// is live: the handoff's call kept it so until its reply, which is now.
+func (m *machine) runCleanup(c abandonMsg) {
+	if l := m.lockByID[c.lock]; l != nil {
+		m.abandon(l, c.owner, c.drop)
 	}
 }
 

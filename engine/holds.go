@@ -192,7 +192,7 @@ func (m *machine) releaseOne(h *hold) {
 // its reply: sent at once, it could reach Redis first and find nothing to release.
 func (m *machine) abandon(l *lockState, owner uint64, drop int) {
 	if q := m.serial[holdKey{l.id, owner}]; q != nil && q.active && q.early {
-		q.pending = append(q.pending, abandonMsg{lock: l.name, owner: owner, drop: drop})
+		q.pending = append(q.pending, abandonMsg{lock: l.id, owner: owner, drop: drop})
 		return
 	}
 	keys := []string{l.name, l.channel}

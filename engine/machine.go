@@ -103,7 +103,11 @@ func (m *machine) handle(msg message, now time.Time) {
 	case closeMsg:
 		m.onClose()
 	case settleMsg:
-		if l := m.locks[msg.lock]; l != nil && !m.closing && m.deferIfBusy(holdKey{l.id, msg.owner}, msg) {
+		if m.closing {
+			msg.future.Complete(ErrClosed) // Close's releases may be in flight
+			return
+		}
+		if l := m.locks[msg.lock]; l != nil && m.deferIfBusy(holdKey{l.id, msg.owner}, msg) {
 			return
 		}
 		msg.future.Complete(nil)
@@ -124,7 +128,9 @@ func (m *machine) handle(msg message, now time.Time) {
 	case resubscribed:
 		m.onResubscribed(now)
 	case abandonMsg:
-		m.abandon(m.lockFor(msg.lock, false), msg.owner, msg.drop)
+		// Not reached today: sendWaitingCleanups takes every waiting cleanup out
+		// before markIdle hands the owner's other requests here.
+		m.runCleanup(msg)
 	}
 }
 

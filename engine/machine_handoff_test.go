@@ -466,3 +466,26 @@ func TestMachineEarlyHandoffRacesAgainstModel(t *testing.T) {
 		finish(t, h, r, w2)
 	})
 }
+
+// A Settle waiting behind a handoff, or arriving after Close, is answered
+// ErrClosed: Close's releases may still be in flight, so Redis is no answer then.
+func TestMachineSettleOnClose(t *testing.T) {
+	h := newMH(t)
+	a := h.grantFresh("L", 1, 0)
+	h.acquire("L", 2, 0, -1)
+	h.take()
+	h.unlock("L", a.owner)
+	h.take().one(t, scripts.LockHandoff)
+	waiting := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 2, future: waiting}, h.now)
+	mustPending(t, "settle behind the handoff", waiting)
+	h.m.handle(closeMsg{}, h.now)
+	if err := mustGet(t, "waiting settle at Close", waiting); !errors.Is(err, ErrClosed) {
+		t.Fatalf("got %v, want ErrClosed", err)
+	}
+	late := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 3, future: late}, h.now)
+	if err := mustGet(t, "settle after Close", late); !errors.Is(err, ErrClosed) {
+		t.Fatalf("got %v, want ErrClosed", err)
+	}
+}

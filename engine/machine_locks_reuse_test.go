@@ -81,7 +81,7 @@ func TestMachineWaiterPrunedAtOnceLeavesStateIdle(t *testing.T) {
 	h.now = h.now.Add(3 * idleKeep)
 	h.fire(timer.Key{Kind: kindForget})
 	if st := h.m.snapshot(); st.Locks != 0 || h.m.locks["L"] != nil {
-		t.Errorf("unused state kept live forever: Stats.Locks=%d, idle=%v", st.Locks, h.m.locks["L"].idle)
+		t.Errorf("unused state kept live forever: Stats.Locks=%d, state %+v", st.Locks, h.m.locks["L"])
 	}
 }
 

@@ -93,7 +93,7 @@ type (
 	// abandonMsg: an owner-guarded cleanup of a plain lock that waited behind an
 	// early handoff to its owner (see abandon); never posted to the mailbox.
 	abandonMsg struct {
-		lock  string
+		lock  uint64 // the lock's id: the handoff in flight keeps its state live
 		owner uint64
 		drop  int
 	}

@@ -3,6 +3,7 @@ package lockapi_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -24,7 +25,7 @@ func TestLockShortDeadlinesWithClose(t *testing.T) {
 		other := newClient(t, srv, lockapi.Options{})
 		var names []string
 		for i := range 4 {
-			names = append(names, lockName(t, string(rune('a'+i))))
+			names = append(names, lockName(t, fmt.Sprintf("r%d%c", round, 'a'+i)))
 		}
 		var wg sync.WaitGroup
 		var acquired atomic.Int64
@@ -98,7 +99,12 @@ func TestLockShortDeadlinesWithClose(t *testing.T) {
 		other.Close()
 		for _, name := range names {
 			mustBeLocked(t, srv, name, false)
-			mustBeLocked(t, srv, name+":fair", false)
+			fair := name + ":fair"
+			mustBeLocked(t, srv, fair, false)
+			// Nothing of the closed client's fair waiters is left queued.
+			for _, key := range []string{"redisson_lock_queue:{" + fair + "}", "redisson_lock_timeout:{" + fair + "}"} {
+				eventually(t, 5*time.Second, key+" to empty", func() bool { return do(t, srv, "EXISTS", key) == "0" })
+			}
 		}
 	}
 }

@@ -24,8 +24,8 @@ func TestLockContextRacesGrant(t *testing.T) {
 	for i := range 60 {
 		lockWithin(t, holder, 5*time.Second)
 		// The waiter's deadline and the release land about together: i varies the
-		// gap around the release's round trip.
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%12)*250*time.Microsecond+2*time.Millisecond)
+		// deadline from 2 to 11.5 ms around the release at 2 ms plus its round trip.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i%20)*500*time.Microsecond+2*time.Millisecond)
 		done := make(chan error, 1)
 		go func() { done <- waiter.Lock(ctx) }()
 		time.Sleep(2 * time.Millisecond) // not a wait for state: it aims the release at the deadline
@@ -66,4 +66,7 @@ func TestLockContextRacesGrant(t *testing.T) {
 		mustBeLocked(t, srv, name, false)
 	}
 	t.Logf("%d rounds held, %d cancelled", held, cancelled)
+	if held == 0 || cancelled == 0 {
+		t.Fatalf("%d rounds held, %d cancelled: the deadlines did not straddle the grant, so the race went untested", held, cancelled)
+	}
 }
