@@ -116,16 +116,7 @@ func TestLostWhenRedisFreezes(t *testing.T) {
 	m := c.Mutex(name)
 	lockWithin(t, m, 5*time.Second)
 	lost := m.Lost()
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	pausedAt := time.Now()
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			srv.Resume()
-		}
-	})
+	pausedAt, resume := freeze(t, srv)
 	select {
 	case <-lost:
 	case <-time.After(3 * time.Second):
@@ -138,10 +129,7 @@ func TestLostWhenRedisFreezes(t *testing.T) {
 	if took > watchdog+300*time.Millisecond {
 		t.Errorf("Lost closed %v after the freeze; the lease (%v) could have expired first", took, watchdog)
 	}
-	if err := srv.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	resumed = true
+	resume()
 	eventually(t, 5*time.Second, "the lost hold to be gone on the server", func() bool {
 		return do(t, srv, "EXISTS", name) == "0"
 	})

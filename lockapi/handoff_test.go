@@ -142,16 +142,7 @@ func TestLocalHandoffWhileRedisFreezes(t *testing.T) {
 	eventually(t, 5*time.Second, "a renewal of a's hold", func() bool { return stats(t, c).Renewals > before })
 	renewedAt := time.Now()
 
-	if err := srv.Pause(); err != nil {
-		t.Fatal(err)
-	}
-	pausedAt := time.Now()
-	resumed := false
-	t.Cleanup(func() {
-		if !resumed {
-			srv.Resume()
-		}
-	})
+	pausedAt, resume := freeze(t, srv)
 	unlocked := make(chan error, 1)
 	go func() { unlocked <- a.Unlock(context.Background()) }()
 	err, ok := receive(got, 5*time.Second)
@@ -168,10 +159,7 @@ func TestLocalHandoffWhileRedisFreezes(t *testing.T) {
 	if took := time.Since(renewedAt); took > watchdog+100*time.Millisecond {
 		t.Errorf("b's Lost closed %v after a's last renewal; a's lease (%v) could have expired first", took, watchdog)
 	}
-	if err := srv.Resume(); err != nil {
-		t.Fatal(err)
-	}
-	resumed = true
+	resume()
 	if _, ok := receive(unlocked, 10*time.Second); !ok {
 		t.Fatal("a's Unlock did not return after the server came back")
 	}

@@ -156,3 +156,26 @@ func isErr(t *testing.T, what string, err, target error) {
 		t.Fatalf("%s: err = %v, want errors.Is(err, %v)", what, err, target)
 	}
 }
+
+// freeze pauses srv (SIGSTOP) and returns when it did, with a resume function
+// that may be called once; the server is resumed at cleanup if it was not.
+func freeze(t *testing.T, srv *testredis.Server) (pausedAt time.Time, resume func()) {
+	t.Helper()
+	if err := srv.Pause(); err != nil {
+		t.Fatal(err)
+	}
+	pausedAt = time.Now()
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			srv.Resume()
+		}
+	})
+	return pausedAt, func() {
+		t.Helper()
+		resumed = true
+		if err := srv.Resume(); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
