@@ -380,10 +380,12 @@ func (e *Engine) loop() {
 	for {
 		select {
 		case msg := <-e.inbox:
-			m.handle(msg, time.Now())
-			// Drain what else is queued, so one round of effects serves a burst.
+			now := time.Now()
+			m.handle(msg, now)
+			// Drain what else is queued, so one round of effects serves a burst; one
+			// reading of the clock serves it too.
 			for n := len(e.inbox); n > 0; n-- {
-				m.handle(<-e.inbox, time.Now())
+				m.handle(<-e.inbox, now)
 			}
 		case <-e.mail.signal:
 			now := time.Now()
