@@ -38,19 +38,16 @@ import (
 // this client listens on the unlock channel; this process's head then competes with
 // the other processes' heads on the same unlock message. When nobody else listens,
 // nobody else is waiting to be woken, and the chain goes on.
-func (m *machine) handoffTarget(l *lockState, h *hold, now time.Time) *waiter {
+func (m *machine) handoffTarget(l *lockState, h *hold) *waiter {
 	m.pruneCancelled(l)
 	w := l.queue.head
 	if w == nil || h.count != 1 || l.attempting != nil || l.handingOff || len(l.holders) != 1 || m.cfg.handoffChain <= 0 {
 		return nil
 	}
-	if l.fair != nil {
-		// The script hands over only if w heads the Redis queue, so FIFO across
-		// processes holds without a bound.
-		if !w.enqueued {
-			return nil
-		}
-		return w
+	if l.fair != nil && !w.enqueued {
+		// A fair lock hands over only to a waiter in the Redis queue (the script
+		// checks it heads it), so FIFO across processes holds without a bound.
+		return nil
 	}
 	return w
 }

@@ -36,7 +36,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		return
 	}
 	m.markBusy(holdKey{l.id, msg.owner})
-	if w := m.handoffTarget(l, h, now); w != nil {
+	if w := m.handoffTarget(l, h); w != nil {
 		m.handoff(l, h, w, msg.future, now)
 		return
 	}

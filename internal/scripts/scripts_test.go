@@ -318,6 +318,17 @@ func (w *watcher) want(t *testing.T, want ...string) {
 	}
 }
 
+// wantUnlock checks that the unlock message "0" was published on key's unlock
+// channel if published, and nothing otherwise.
+func (w *watcher) wantUnlock(t *testing.T, key string, published bool) {
+	t.Helper()
+	if published {
+		w.want(t, channel(key)+"=0")
+	} else {
+		w.want(t)
+	}
+}
+
 // ---- the scripts' identities ----
 
 func TestSources(t *testing.T) {
@@ -423,11 +434,7 @@ func TestLockRelease(t *testing.T) {
 					t.Errorf("PTTL %d: the lease was re-applied to a lock the caller does not hold", p)
 				}
 			}
-			if tc.wantPub {
-				w.want(t, channel(key)+"=0")
-			} else {
-				w.want(t)
-			}
+			w.wantUnlock(t, key, tc.wantPub)
 		})
 	}
 }
@@ -517,11 +524,7 @@ func TestLockForceRelease(t *testing.T) {
 			if n := e.doInt(t, "EXISTS", key); n != 0 {
 				t.Error("the lock still exists")
 			}
-			if tc.wantPub {
-				w.want(t, channel(key)+"=0")
-			} else {
-				w.want(t)
-			}
+			w.wantUnlock(t, key, tc.wantPub)
 		})
 	}
 }
@@ -621,11 +624,7 @@ func TestLockHandoff(t *testing.T) {
 			if tc.wantPTTL != 0 {
 				e.wantPTTL(t, key, tc.wantPTTL)
 			}
-			if tc.wantPub {
-				w.want(t, channel(key)+"=0")
-			} else {
-				w.want(t)
-			}
+			w.wantUnlock(t, key, tc.wantPub)
 		})
 	}
 }
