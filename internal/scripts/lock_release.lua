@@ -7,11 +7,14 @@
 -- Reply: nil when the owner does not hold the lock;
 --        0 when the owner still holds it (count decremented);
 --        1 when the lock was released (key deleted, message published).
-if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+-- The count is read first (Redisson's unlock checks HEXISTS, then decrements): the
+-- last hold's release, the common case, then needs no write but the DEL.
+local count = redis.call('hget', KEYS[1], ARGV[3])
+if not count then
     return nil
 end
-local count = redis.call('hincrby', KEYS[1], ARGV[3], -1)
-if count > 0 then
+if tonumber(count) > 1 then
+    redis.call('hincrby', KEYS[1], ARGV[3], -1)
     redis.call('pexpire', KEYS[1], ARGV[2])
     return 0
 end

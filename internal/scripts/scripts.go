@@ -35,6 +35,9 @@ const (
 	numScripts
 )
 
+// multiHeader keeps a script id in five bits.
+var _ [32 - numScripts]struct{}
+
 var (
 	//go:embed lock_acquire.lua
 	lockAcquireSrc string
@@ -92,8 +95,8 @@ var names = [numScripts]string{
 
 // multiSrc is the multi script: every script above as a function, then a loop that
 // runs the calls ARGV describes. ARGV[1] is the number of calls; each call follows
-// as its script id, its number of keys, its number of arguments, and the
-// arguments; KEYS holds every call's keys in order. The reply is an array with one
+// as one header number (see multiHeader) and its arguments; KEYS holds every
+// call's keys in order. The reply is an array with one
 // element per call: its script's reply (nil as a Redis nil) or, if the script
 // raised an error, that error, as the script would have answered alone. Each
 // script's KEYS and ARGV are the function's own parameters, so its text runs
@@ -109,18 +112,31 @@ func buildMulti() string {
 	b.WriteString(`local out = {}
 local n = tonumber(ARGV[1])
 local a, k = 2, 1
+-- One KEYS and one ARGV table serve every call (no script writes to them); what a
+-- longer call before left at the end is cleared.
+local keys, args, kn, an = {}, {}, 0, 0
 for c = 1, n do
-    local id, nkeys, nargs = tonumber(ARGV[a]), tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-    a = a + 3
-    local keys, args = {}, {}
+    local h = tonumber(ARGV[a])
+    local id = h % 32
+    h = (h - id) / 32
+    local nkeys = h % 65536
+    local nargs = (h - nkeys) / 65536
+    a = a + 1
     for i = 1, nkeys do
         keys[i] = KEYS[k]
         k = k + 1
+    end
+    for i = nkeys + 1, kn do
+        keys[i] = nil
     end
     for i = 1, nargs do
         args[i] = ARGV[a]
         a = a + 1
     end
+    for i = nargs + 1, an do
+        args[i] = nil
+    end
+    kn, an = nkeys, nargs
     local ok, res = pcall(scripts[id], keys, args)
     if not ok then
         if type(res) == 'table' and res.err then
@@ -337,14 +353,30 @@ func (r *Redis) command(unit []Call) rueidis.Completed {
 		call := unit[0]
 		return r.client.B().Evalsha().Sha1(r.shas[call.ID]).Numkeys(int64(len(call.Keys))).Key(call.Keys...).Arg(call.Args...).Build()
 	}
-	var keys []string
-	args := []string{strconv.Itoa(len(unit))}
+	nkeys, nargs := 0, 1
+	for _, call := range unit {
+		nkeys += len(call.Keys)
+		nargs += 1 + len(call.Args)
+	}
+	keys := make([]string, 0, nkeys)
+	args := make([]string, 1, nargs)
+	args[0] = strconv.Itoa(len(unit))
 	for _, call := range unit {
 		keys = append(keys, call.Keys...)
-		args = append(args, strconv.Itoa(int(call.ID)), strconv.Itoa(len(call.Keys)), strconv.Itoa(len(call.Args)))
+		args = append(args, multiHeader(call))
 		args = append(args, call.Args...)
 	}
 	return r.client.B().Evalsha().Sha1(r.multiSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+}
+
+// multiHeader is a call's header in the multi script's ARGV: its script id, number
+// of keys and number of arguments in one number, id + 32*keys + 32*65536*args, so
+// that Redis parses one argument per call for them instead of three (about a
+// tenth of the server's work on a merged call of lock operations). A merged call
+// has at most MaxMergedKeys keys, and a call's arguments are far below 2^20, so
+// the number stays exact in Lua's doubles.
+func multiHeader(call Call) string {
+	return strconv.FormatUint(uint64(call.ID)+32*uint64(len(call.Keys))+32*65536*uint64(len(call.Args)), 10)
 }
 
 // unitResults splits a unit's reply into its calls' results.
