@@ -76,7 +76,7 @@ var allKinds = []contenderKind{
 		name:  "leash",
 		waits: "local FIFO queue + pub/sub wake-up, direct local handoff",
 		// lock_acquire/lock_release/lock_handoff/lock_renew/lock_release_owner.lua.
-		scriptOnly: []string{"exists", "hexists", "hincrby", "pexpire", "pttl", "del", "publish", "hset", "hlen", "hdel", "pubsub|numsub"},
+		scriptOnly: []string{"exists", "hexists", "hincrby", "hget", "pexpire", "pttl", "del", "publish", "hset", "hlen", "hdel", "pubsub|numsub"},
 		open:       openLeash("leash", (*lockapi.Client).Mutex),
 	},
 	{
