@@ -18,7 +18,10 @@ import (
 // releasing owner's lease, which is still on the key and keeps every other client
 // out, and the engine's expiry for it is no later than that lease's. This takes the
 // round trip out of every local handoff (the idle gap between one holder's Unlock and
-// the next holder's start).
+// the next holder's start). A fair lock grants early to the waiter the last
+// handoff's reply said heads the Redis queue (lockState.fairHead), and its
+// fair_handoff call is then told to hand over whatever it finds, so it is as sure
+// to as lock_handoff is.
 //
 // Until the reply comes back, the receiving owner's calls wait behind the handoff
 // (see serial.go): its Unlock or re-entry must reach Redis after the call that gives
@@ -64,13 +67,42 @@ const earlyGrantMinLease = 100 * time.Millisecond
 
 // canGrantEarly reports whether h's handoff to w may grant w before the reply (see
 // the top of this file): a plain lock below the chain bound, so the script is sure
-// to hand over; a receiving owner with nothing in flight and nothing held; and
-// enough of h's lease left.
+// to hand over, or a fair lock whose Redis queue w heads as far as the last reply
+// said (fair_handoff is then told to hand over whatever it finds; see its header);
+// a receiving owner with nothing in flight and nothing held; and enough of h's
+// lease left.
 func (m *machine) canGrantEarly(l *lockState, h *hold, w *waiter, bounded bool, now time.Time) bool {
 	key := holdKey{l.id, w.owner}
-	return l.fair == nil && !bounded && w.cancelErr == nil && !w.expired &&
+	sure := !bounded
+	if l.fair != nil {
+		sure = w.enqueued && w.id == l.fairHead
+	}
+	return sure && w.cancelErr == nil && !w.expired &&
 		!m.ownerBusy(key) && m.holds[key] == nil &&
 		h.expiresAt.Sub(now) >= earlyGrantMinLease+expiryMargin(m.leaseOf(w.lease))
+}
+
+// nextEnqueued returns the local waiter after w in l's Redis queue, or nil: local
+// order is Redis queue order for the local waiters in it (see fair.go).
+func nextEnqueued(w *waiter) *waiter {
+	for n := w.next; n != nil; n = n.next {
+		if n.enqueued {
+			return n
+		}
+	}
+	return nil
+}
+
+// noteFairHead records what a fair handoff's reply says of the Redis queue's head:
+// 3 means the waiter after the receiver heads it now.
+func (m *machine) noteFairHead(l *lockState, d scriptDone) {
+	if l == nil || l.fair == nil {
+		return
+	}
+	l.fairHead = 0
+	if d.err == nil && d.reply.Int == 3 {
+		l.fairHead = d.call.next
+	}
 }
 
 func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Future[error], now time.Time) {
@@ -96,14 +128,25 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 		owner:    h.owner,
 		serial:   true,
 	}
+	early := m.canGrantEarly(l, h, w, bounded, now)
 	if l.fair != nil {
-		// No bound: the fair script hands over only to the Redis queue's head.
+		// No bound: the fair script hands over only to the Redis queue's head (or,
+		// early, to the waiter it was told heads it).
 		call.script = scripts.FairHandoff
 		call.keys = l.fair.keys
+		earlyFlag, nextField := "0", ""
+		if early {
+			earlyFlag = "1"
+		}
+		if n := nextEnqueued(w); n != nil {
+			call.next = n.id
+			nextField = m.waiterField(n)
+		}
 		call.args = []string{h.field, m.leaseText(h.lease), m.waiterField(w), m.leaseText(w.lease),
-			millis(m.cfg.fairWait), wallMillis(now), unlockMessage}
+			millis(m.cfg.fairWait), wallMillis(now), unlockMessage, earlyFlag, nextField}
+		l.fairHead = 0 // until the reply says who heads the queue
 	}
-	if m.canGrantEarly(l, h, w, bounded, now) {
+	if early {
 		l.handingOff = true
 		call.early = true
 		call.hold = m.grantEarly(l, h, w, now)
@@ -161,7 +204,8 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		if w != nil {
 			m.attemptFailed(w, d.err, now)
 		}
-	case d.reply.Int == 2: // handed over
+	case d.reply.Int == 2 || d.reply.Int == 3: // handed over (3: fair, and the next local waiter heads the queue)
+		m.noteFairHead(l, d)
 		if h != nil {
 			m.dropHold(h)
 		}
@@ -238,9 +282,10 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		if nh != nil {
 			m.loseHold(nh, true)
 		}
-	case d.reply.Int == 2:
+	case d.reply.Int == 2 || d.reply.Int == 3:
 		// Handed over, by this try or (a retry's reply) by the first. The lease ran
 		// from when the first try was sent at the earliest.
+		m.noteFairHead(l, d)
 		d.call.unlock.Complete(nil)
 		m.stats.Handoffs++
 		if nh != nil {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/leash-go/leash/futures"
+	"github.com/leash-go/leash/internal/scripts"
 	"github.com/leash-go/leash/timer"
 	"github.com/redis/rueidis"
 )
@@ -169,6 +170,10 @@ type lockState struct {
 	// joining counts a fair lock's first attempts in flight: local waiters joining
 	// the Redis queue, a batch at a time (see fairAdvance).
 	joining int
+	// fairHead is the local waiter that a fair handoff's reply said heads the Redis
+	// queue (0 if none known): a handoff to it may grant early (see handoff.go).
+	// Waiter ids are never reused, so a stale one matches nobody.
+	fairHead uint64
 
 	sub        subState
 	resubAfter bool   // subscribe again once the unsubscribe in flight is done
@@ -354,8 +359,12 @@ func (m *machine) retryOnce(d scriptDone) bool {
 	retry := d.call
 	retry.retried = true
 	retry.firstSent = d.sentAt
-	if retry.early {
-		// lock_handoff's ARGV[7]: tell a first try that ran from one that did not.
+	switch {
+	case retry.early && retry.script == scripts.FairHandoff:
+		// fair_handoff's ARGV[10]: tell a first try that ran from one that did not.
+		retry.args = append(slices.Clone(retry.args[:9]), "1")
+	case retry.early:
+		// lock_handoff's ARGV[7], the same.
 		retry.args = append(slices.Clone(retry.args[:6]), "1")
 	}
 	m.run(retry)

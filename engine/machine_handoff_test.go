@@ -489,3 +489,80 @@ func TestMachineSettleOnClose(t *testing.T) {
 		t.Fatalf("got %v, want ErrClosed", err)
 	}
 }
+
+// A fair lock's handoff grants early only to a waiter the last handoff's reply
+// said heads the Redis queue (3), and then tells fair_handoff so (ARGV[8]); its
+// retry after a transport error keeps every argument and flags itself (ARGV[10]).
+func TestMachineFairEarlyHandoff(t *testing.T) {
+	// setup: owner 1 holds fair lock L; owners 2 and 3 queue behind it in Redis.
+	setup := func(t *testing.T) (h *mh, b, c *tw) {
+		h = newMH(t)
+		h.acquireFair("L", 1)
+		h.reply(h.take().one(t, scripts.FairAcquire), scripts.Reply{Nil: true}, nil)
+		h.take()
+		b = h.acquireFair("L", 2)
+		h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+		h.take()
+		c = h.acquireFair("L", 3)
+		h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+		h.take()
+		return h, b, c
+	}
+	// handOff unlocks owner's hold and returns its fair_handoff call.
+	handOff := func(t *testing.T, h *mh, owner uint64) (scriptCall, *futures.Future[error]) {
+		t.Helper()
+		f := h.unlock("L", owner)
+		return h.take().one(t, scripts.FairHandoff), f
+	}
+
+	t.Run("reply 3 makes the next handoff early", func(t *testing.T) {
+		h, b, c := setup(t)
+		call, f := handOff(t, h, 1)
+		if call.early || call.args[7] != "0" || call.args[8] != "cid:3" || call.next != c.id {
+			t.Fatalf("first handoff: early %v, args %v, next %d; want a plain handoff naming cid:3 next", call.early, call.args, call.next)
+		}
+		mustPending(t, "b before the reply", b.future)
+		h.reply(call, replyInt(3), nil)
+		mustGranted(t, "a's unlock", f)
+		mustGranted(t, "b", b.future)
+		if h.lock("L").fairHead != c.id {
+			t.Fatalf("fairHead %d, want c (%d)", h.lock("L").fairHead, c.id)
+		}
+
+		call, f = handOff(t, h, 2)
+		if !call.early || call.args[7] != "1" || call.args[8] != "" || len(call.args) != 9 {
+			t.Fatalf("second handoff: early %v, args %v; want early, no next waiter", call.early, call.args)
+		}
+		if len(c.future.C()) != 1 {
+			t.Fatal("c not granted before the reply")
+		}
+		mustPending(t, "b's unlock before the reply", f)
+		h.reply(call, scripts.Reply{}, errConn)
+		retry := h.take().one(t, scripts.FairHandoff)
+		if want := append(slices.Clone(call.args), "1"); !retry.retried || !slices.Equal(retry.args, want) {
+			t.Fatalf("retry args %v (retried %v), want %v", retry.args, retry.retried, want)
+		}
+		h.reply(retry, replyInt(2), nil)
+		mustGranted(t, "b's unlock", f)
+		if hc := h.hold("L", 3); hc == nil || hc.provisional {
+			t.Fatalf("c's hold %+v, want confirmed", hc)
+		}
+		if st := h.m.snapshot(); st.EarlyGrants != 1 || st.Handoffs != 2 {
+			t.Errorf("stats %+v, want 2 handoffs, 1 early", st)
+		}
+	})
+
+	t.Run("reply 2 does not", func(t *testing.T) {
+		h, b, _ := setup(t)
+		call, _ := handOff(t, h, 1)
+		h.reply(call, replyInt(2), nil) // someone else heads the queue now
+		mustGranted(t, "b", b.future)
+		if h.lock("L").fairHead != 0 {
+			t.Fatalf("fairHead %d after reply 2, want 0", h.lock("L").fairHead)
+		}
+		call, _ = handOff(t, h, 2)
+		if call.early || call.args[7] != "0" {
+			t.Fatalf("handoff after reply 2: early %v, args %v; want a plain one", call.early, call.args)
+		}
+	})
+}

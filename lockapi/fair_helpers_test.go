@@ -391,6 +391,12 @@ func fairHelperCrowd(t *testing.T, ctx context.Context, c *lockapi.Client, rc ru
 				t.Errorf("waiter %d: Lock: %v", i, err)
 				return
 			}
+			// An early local grant runs under the previous holder's field until its
+			// handoff's reply (engine/handoff.go); HoldCount waits for that reply, so
+			// the hash read next shows this holder's own field.
+			if n, err := m.HoldCount(ctx); err != nil || n != 1 {
+				t.Errorf("waiter %d: HoldCount = %d, %v; want 1", i, n, err)
+			}
 			fields, err := rc.Do(ctx, rc.B().Hkeys().Key(lock).Build()).AsStrSlice()
 			field := "?"
 			switch {

@@ -66,9 +66,23 @@ func TestLocalHandoffGrantsEarly(t *testing.T) {
 // Goroutines of one client taking turns: every Unlock hands over early while the
 // previous handoff's reply may still be on its way, and the receiver's Unlock
 // waits for it. Nobody is ever inside with another, Redis shows each holder's
-// field while it is inside (HoldCount), and the lock ends free.
+// field while it is inside (HoldCount), and the lock ends free. The fair lock
+// grants early too, to a waiter the last handoff's reply said heads the Redis
+// queue.
 func TestLocalHandoffChainIsExclusive(t *testing.T) {
 	t.Parallel()
+	for _, kind := range []struct {
+		name string
+		open func(*lockapi.Client, string) *lockapi.Mutex
+	}{{"mutex", (*lockapi.Client).Mutex}, {"fair", (*lockapi.Client).FairMutex}} {
+		t.Run(kind.name, func(t *testing.T) {
+			t.Parallel()
+			testLocalHandoffChain(t, kind.open)
+		})
+	}
+}
+
+func testLocalHandoffChain(t *testing.T, open func(*lockapi.Client, string) *lockapi.Mutex) {
 	srv := testredis.New(t)
 	c := newClient(t, srv, lockapi.Options{})
 	name := lockName(t, "")
@@ -79,7 +93,7 @@ func TestLocalHandoffChainIsExclusive(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, goroutines)
 	for range goroutines {
-		m := c.Mutex(name)
+		m := open(c, name)
 		wg.Go(func() {
 			for range rounds {
 				if err := m.Lock(ctx); err != nil {

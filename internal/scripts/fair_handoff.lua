@@ -13,14 +13,33 @@
 -- ARGV[5]  wait allowance in milliseconds
 -- ARGV[6]  now, milliseconds since the epoch
 -- ARGV[7]  unlock message ("0")
+-- ARGV[8]  "1": the caller granted the receiving owner already (an early grant,
+--          engine/handoff.go), believing it heads the queue; it gets the lock
+--          whether it does or not (see below)
+-- ARGV[9]  the field of the caller's next queued waiter, or ""
+-- ARGV[10] "1" when this call retries an early one that may have run (its reply was
+--          lost): the releasing owner's field gone and the receiving owner's there
+--          then mean it did, so the reply is 2 (the receiving owner makes no other
+--          call meanwhile); else "0" or absent
 -- Reply: nil when the releasing owner does not hold the lock; 0 when it still holds
 --        it; 1 when the lock was released and passed on to the head (another owner);
---        2 when the lock passed to the receiving owner.
+--        2 when the lock passed to the receiving owner; 3 when it did and the
+--        queue's new head is ARGV[9].
+--
+-- The caller believes the receiver heads the queue when the reply that made it
+-- the head said so (3): nothing can join ahead of a head, so only a purge can
+-- make that wrong, by a stale deadline (a clock far ahead of the others', or a
+-- waiter gone quiet for the whole wait allowance). Then the receiver jumps the
+-- queue, once: FIFO already rests on synced clocks, while two holders at once
+-- must never happen whatever the clocks say.
 local now = tonumber(ARGV[6])
 local wait = tonumber(ARGV[5])
 purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
 
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+    if ARGV[10] == '1' and redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
+        return 2
+    end
     return nil
 end
 local count = redis.call('hincrby', KEYS[1], ARGV[1], -1)
@@ -29,10 +48,20 @@ if count > 0 then
     return 0
 end
 redis.call('del', KEYS[1])
-if redis.call('lindex', KEYS[2], 0) == ARGV[3] then
-    pop_head(KEYS[2], KEYS[3], KEYS[5], ARGV[3], now, wait)
+local head = redis.call('lindex', KEYS[2], 0)
+if head == ARGV[3] or ARGV[8] == '1' then
+    if head == ARGV[3] then
+        pop_head(KEYS[2], KEYS[3], KEYS[5], ARGV[3], now, wait)
+    else
+        redis.call('lrem', KEYS[2], 0, ARGV[3])
+        redis.call('zrem', KEYS[3], ARGV[3])
+        redis.call('hdel', KEYS[5], ARGV[3])
+    end
     redis.call('hset', KEYS[1], ARGV[3], 1)
     redis.call('pexpire', KEYS[1], ARGV[4])
+    if ARGV[9] ~= '' and redis.call('lindex', KEYS[2], 0) == ARGV[9] then
+        return 3
+    end
     return 2
 end
 pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[7])

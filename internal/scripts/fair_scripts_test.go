@@ -474,12 +474,50 @@ func TestFairHandoff(t *testing.T) {
 		{name: "the receiver's registration goes with the handoff", hash: "A=1", queue: "R:+20000",
 			grants: "R=45000:3", owner: "A", want: "2", wantHash: "R=1", wantLease: leaseB},
 	}
-	for i, tc := range cases {
+	// An early grant (ARGV[8] = "1") and the caller's next queued waiter (ARGV[9]).
+	type earlyCase struct {
+		fairCase
+		early, retry bool
+		next         string
+	}
+	earlyCases := []earlyCase{
+		{fairCase: fairCase{name: "the next waiter heads the queue now: 3", hash: "A=1", queue: "R:+20000 N:+25000",
+			owner: "A", want: "3", wantHash: "R=1", wantQueue: "N:+5000", wantLease: leaseB}, next: "N"},
+		{fairCase: fairCase{name: "someone else heads the queue now: 2", hash: "A=1", queue: "R:+20000 X:+25000 N:+30000",
+			owner: "A", want: "2", wantHash: "R=1", wantQueue: "X:+5000 N:+30000", wantLease: leaseB}, next: "N"},
+		{fairCase: fairCase{name: "early: the receiver heads the queue, as believed", hash: "A=1", queue: "R:+20000 N:+25000",
+			owner: "A", want: "3", wantHash: "R=1", wantQueue: "N:+5000", wantLease: leaseB}, early: true, next: "N"},
+		{fairCase: fairCase{name: "early: another heads the queue after all; the receiver jumps it once", hash: "A=1",
+			queue: "X:+20000 R:+25000 N:+30000", grants: "R=45000:3", owner: "A",
+			want: "2", wantHash: "R=1", wantQueue: "X:+20000 N:+30000", wantLease: leaseB}, early: true, next: "N"},
+		{fairCase: fairCase{name: "early: the receiver was purged; it gets the lock anyway", hash: "A=1",
+			queue: "R:+500 X:+20000", owner: "A", at: 1_000,
+			want: "2", wantHash: "R=1", wantQueue: "X:+20000", wantLease: leaseB}, early: true},
+		{fairCase: fairCase{name: "early, still held: 0, nothing handed over", hash: "A=2", pttl: 1_000, queue: "R:+20000",
+			owner: "A", want: "0", wantHash: "A=1", wantQueue: "R:+20000", wantLease: lease}, early: true},
+		{fairCase: fairCase{name: "early, not held: nil, nothing handed over", hash: "X=1", queue: "R:+20000", owner: "A",
+			want: "nil", wantHash: "X=1", wantQueue: "R:+20000"}, early: true},
+		{fairCase: fairCase{name: "early retry after a first try that ran: 2", hash: "R=1", queue: "N:+20000", owner: "A",
+			want: "2", wantHash: "R=1", wantQueue: "N:+20000"}, early: true, retry: true},
+		{fairCase: fairCase{name: "early retry, neither field there: nil", hash: "X=1", owner: "A",
+			want: "nil", wantHash: "X=1"}, early: true, retry: true},
+	}
+	for _, tc := range cases {
+		earlyCases = append(earlyCases, earlyCase{fairCase: tc})
+	}
+	for i, tc := range earlyCases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fairLock(fmt.Sprintf("fh%d", i))
 			w := tc.setup(t, e, f)
+			flag := func(b bool) string {
+				if b {
+					return "1"
+				}
+				return "0"
+			}
 			rep := e.run(t, scripts.FairHandoff, f.keys(),
-				tc.owner, strconv.Itoa(lease), "R", strconv.Itoa(leaseB), strconv.Itoa(wait), at(tc.at), unlockMsg)
+				tc.owner, strconv.Itoa(lease), "R", strconv.Itoa(leaseB), strconv.Itoa(wait), at(tc.at), unlockMsg,
+				flag(tc.early), tc.next, flag(tc.retry))
 			tc.check(t, e, f, w, "fair_handoff", rep)
 		})
 	}
