@@ -184,7 +184,10 @@ const maxJoin = 64
 // maxJoin of them, stopping at one that must wait (its owner is leaving or already
 // queued by another waiter).
 func (m *machine) fairAdvance(l *lockState, now time.Time) {
-	if l.backingOff || m.closing {
+	// While an early handoff is in flight, the releasing owner's field is still on
+	// the server although its local hold is gone: an attempt of that owner's (or of
+	// the receiver's) must not reach Redis first. onEarlyHandoffDone advances.
+	if l.backingOff || m.closing || l.handingOff {
 		return
 	}
 	w := l.queue.head
@@ -369,24 +372,29 @@ func (m *machine) fairWakeFirst(l *lockState, now time.Time) {
 
 // fairLeave takes a waiter that gives up out of the Redis queue at once.
 func (m *machine) fairLeave(w *waiter) {
-	l := w.lock
 	w.enqueued = false
 	m.disarm(kindFairRetry, w.id, &w.retryGen)
+	m.fairLeaveOwner(w.lock, w.owner, m.waiterField(w))
+}
+
+// fairLeaveOwner takes owner's entry (field) out of l's Redis queue, and gives
+// back a direct grant to it that this client does not know of.
+func (m *machine) fairLeaveOwner(l *lockState, owner uint64, field string) {
 	// A release of the owner's in flight (an abandon) would delete what this leave
 	// gives back; deleting twice is harmless, so only a hold this client knows of
 	// keeps the leave from giving back.
 	claim := "1"
-	if m.holds[holdKey{l.id, w.owner}] != nil {
+	if m.holds[holdKey{l.id, owner}] != nil {
 		claim = "0"
 	}
-	m.addLeaving(l, w.owner)
+	m.addLeaving(l, owner)
 	m.run(scriptCall{
 		script:  scripts.FairLeave,
 		keys:    l.fair.keys,
-		args:    []string{m.waiterField(w), millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), claim},
+		args:    []string{field, millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), claim},
 		purpose: purposeLeave,
 		lock:    l.id,
-		owner:   w.owner,
+		owner:   owner,
 	})
 }
 

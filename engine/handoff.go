@@ -29,7 +29,8 @@ import (
 // hold) wait too (see abandon), so none runs before the handoff it cleans up after.
 // If the reply says the swap did not happen (the releasing owner's field was gone: a
 // force-release; or a transport error twice), the new holder's Lost closes, exactly
-// as for a holder whose lock was force-released.
+// as for a holder whose lock was force-released; a fair lock's receiver also leaves
+// the Redis queue then (fairLeaveOwner), where its entry may still be.
 
 // handoffTarget returns the local waiter that h's release may hand the lock to
 // directly, or nil.
@@ -317,6 +318,12 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		}
 	}
 	m.sendWaitingCleanups(d.call.lock, d.call.receiver)
+	if l != nil && l.fair != nil && !(d.err == nil && (d.reply.Int == 2 || d.reply.Int == 3)) {
+		// Nothing was handed over (or, after two transport errors, maybe not): the
+		// receiver's entry may still head the Redis queue, and its waiter is done.
+		// It leaves, so the queue moves on at once rather than at its deadline.
+		m.fairLeaveOwner(l, d.call.receiver, d.call.args[2])
+	}
 	if l != nil {
 		m.advance(l, now)
 		m.maybeForget(l)

@@ -151,9 +151,10 @@ type lockState struct {
 	// most one per lock, so one unlock message costs one script call per process.
 	attempting *waiter
 	// handingOff: a handoff that granted early is in flight (see handoff.go). The
-	// queued waiters make no attempt meanwhile, as while attempting is set: an
-	// attempt could otherwise re-enter, or take after a force-release, a field the
-	// handoff is about to swap or its cleanup to delete.
+	// queued waiters make no attempt meanwhile (fair ones do not join either), as
+	// while attempting is set: an attempt could otherwise re-enter, take after a
+	// force-release, or (fair) claim as an unheard grant a field the handoff is
+	// about to swap or its cleanup to delete.
 	handingOff bool
 	// wakePending records an unlock message or TTL deadline that arrived while an
 	// attempt was in flight: the attempt may have run before the release, so the

@@ -552,6 +552,56 @@ func TestMachineFairEarlyHandoff(t *testing.T) {
 		}
 	})
 
+	// earlyToC: a hands off to b (reply 3), and b's Unlock hands off early to c.
+	earlyToC := func(t *testing.T) (h *mh, c *tw, call scriptCall) {
+		h, _, c = setup(t)
+		first, _ := handOff(t, h, 1)
+		h.reply(first, replyInt(3), nil)
+		call, _ = handOff(t, h, 2)
+		if !call.early {
+			t.Fatal("b's handoff not early")
+		}
+		return h, c, call
+	}
+
+	t.Run("the releasing owner's new Lock waits for the reply", func(t *testing.T) {
+		// b's field is on the server until fair_handoff runs: a join of b's that got
+		// there first would take it as an unheard grant while c holds.
+		h, _, call := earlyToC(t)
+		h.acquireFair("L", 2)
+		if calls := h.take().calls(scripts.FairAcquire); len(calls) != 0 {
+			t.Fatalf("b joined during the early handoff: %v", calls[0].args)
+		}
+		h.reply(call, replyInt(2), nil)
+		join := h.take().one(t, scripts.FairAcquire)
+		if join.args[1] != "cid:2" {
+			t.Fatalf("join after the reply by %s, want cid:2", join.args[1])
+		}
+	})
+
+	t.Run("nothing handed over: the receiver leaves the Redis queue", func(t *testing.T) {
+		for _, tc := range []struct {
+			name  string
+			reply scripts.Reply
+		}{{"nil", scripts.Reply{Nil: true}}, {"0", replyInt(0)}} {
+			t.Run(tc.name, func(t *testing.T) {
+				h, _, call := earlyToC(t)
+				lost := h.hold("L", 3).lostSignal().C()
+				h.reply(call, tc.reply, nil)
+				mustFired(t, "c's Lost", lost)
+				var leave *scriptCall
+				for _, l := range h.take().calls(scripts.FairLeave) {
+					if l.args[0] == "cid:3" {
+						leave = &l
+					}
+				}
+				if leave == nil || leave.args[4] != "1" {
+					t.Fatalf("leave for c: %+v; want one that gives back an unheard grant", leave)
+				}
+			})
+		}
+	})
+
 	t.Run("reply 2 does not", func(t *testing.T) {
 		h, b, _ := setup(t)
 		call, _ := handOff(t, h, 1)

@@ -8,13 +8,13 @@
 --        0 when the owner still holds it (count decremented);
 --        1 when the lock was released (key deleted, message published).
 -- The count is read first (Redisson's unlock checks HEXISTS, then decrements): the
--- last hold's release, the common case, then needs no write but the DEL.
+-- last hold's release, the common case, then needs no write but the DEL. Any other
+-- value takes Redisson's path, HINCRBY and all (and its error on a non-integer).
 local count = redis.call('hget', KEYS[1], ARGV[3])
 if not count then
     return nil
 end
-if tonumber(count) > 1 then
-    redis.call('hincrby', KEYS[1], ARGV[3], -1)
+if count ~= '1' and redis.call('hincrby', KEYS[1], ARGV[3], -1) > 0 then
     redis.call('pexpire', KEYS[1], ARGV[2])
     return 0
 end

@@ -437,6 +437,16 @@ func TestLockRelease(t *testing.T) {
 			w.wantUnlock(t, key, tc.wantPub)
 		})
 	}
+	// A count that is not an integer fails as Redisson's unlock does (HINCRBY's
+	// error), and the lock stays as it was.
+	t.Run("count not an integer", func(t *testing.T) {
+		e.setHash(t, "rel-float", "c:1=1.5", 1_000)
+		if _, err := e.r.Run(ctxT(t), scripts.LockRelease, []string{"rel-float", channel("rel-float")},
+			[]string{unlockMsg, strconv.Itoa(lease), "c:1"}); err == nil || !strings.Contains(err.Error(), "not an integer") {
+			t.Fatalf("lock_release on count 1.5: %v, want HINCRBY's error", err)
+		}
+		e.wantHash(t, "rel-float", "c:1=1.5")
+	})
 }
 
 // ---- lock_release_owner ----
@@ -698,6 +708,25 @@ func TestRunBatch(t *testing.T) {
 		e.do(t, "SET", "b1-str", "x")
 		calls, want := mixed("b1")
 		check(t, e.r.RunBatch(ctxT(t), calls), want)
+	})
+	t.Run("a shorter call after a longer one sees only its own keys and arguments", func(t *testing.T) {
+		// The merged script reuses one KEYS and one ARGV table: what a longer call
+		// left at the end must read as absent (optional arguments, #KEYS).
+		f := "b9f"
+		fk := []string{f, "redisson_lock_queue:{" + f + "}", "redisson_lock_timeout:{" + f + "}", "leash_lock_grants:{" + f + "}"}
+		now := strconv.FormatInt(time.Now().UnixMilli(), 10)
+		e.setHash(t, f, "c:7=1", lease)
+		e.setHash(t, "b9", "c:1=1", lease)
+		calls := []scripts.Call{
+			// ARGV[7] = "1": c:7's hold is claimed as an unheard grant, count stays 1.
+			{ID: scripts.FairAcquire, Keys: fk, Args: []string{L, "c:7", "5000", now, "0", "", "1"}},
+			// One key after four: #KEYS must be 1, or the reply has four elements.
+			{ID: scripts.LockRenew, Keys: []string{"b9"}, Args: []string{L, "c:1"}},
+			// No ARGV[7]: a re-entry, count 2.
+			{ID: scripts.FairAcquire, Keys: fk, Args: []string{L, "c:7", "5000", now, "0"}},
+		}
+		check(t, e.r.RunBatch(ctxT(t), calls), []string{"nil", "[1]", "nil"})
+		e.wantHash(t, f, "c:7=2")
 	})
 	t.Run("empty", func(t *testing.T) {
 		if res := e.r.RunBatch(ctxT(t), nil); len(res) != 0 {
