@@ -181,8 +181,9 @@ const maxJoin = 64
 // fairAdvance starts a fair lock's next attempts: the earliest woken waiter
 // already in the Redis queue (one such retry at a time), and, unless a batch is
 // still joining, the next local waiters not yet in the Redis queue, in order, up to
-// maxJoin of them, stopping at one that must wait (its owner is leaving or already
-// queued by another waiter).
+// maxJoin of them, stopping at one that must wait (its owner is leaving, has a
+// serialized call in flight, or is already queued by another waiter). A waiter
+// whose owner holds the lock re-enters instead (fairReenter).
 func (m *machine) fairAdvance(l *lockState, now time.Time) {
 	// While an early handoff is in flight, the releasing owner's field is still on
 	// the server although its local hold is gone: an attempt of that owner's (or of
@@ -202,11 +203,19 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 		return
 	}
 	var batch []uint64 // owners in this batch
+	var reenter []*waiter
 	for ; w != nil && len(batch) < maxJoin; w = w.next {
 		if w.enqueued {
 			continue // behind one that could not join yet (see fairRequeue)
 		}
-		if w.attempting || l.leaving[w.owner] > 0 || slices.Contains(batch, w.owner) || m.ownerQueued(l, w.owner) {
+		key := holdKey{l.id, w.owner}
+		if m.holds[key] != nil && !m.ownerBusy(key) && !w.attempting {
+			// A waiter that queued while another waiter of its handle was ahead,
+			// which now holds: it re-enters, as a holder's Lock does.
+			reenter = append(reenter, w)
+			continue
+		}
+		if w.attempting || m.ownerBusy(key) || l.leaving[w.owner] > 0 || slices.Contains(batch, w.owner) || m.ownerQueued(l, w.owner) {
 			break
 		}
 		batch = append(batch, w.owner)
@@ -215,6 +224,25 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 		w.joinPending = true
 		m.attempt(w, now)
 	}
+	for _, w := range reenter {
+		m.fairReenter(w, now)
+	}
+}
+
+// fairReenter sends w's attempt as a holder's re-entry: serialized with its
+// owner's other calls (see serial.go), as a Lock of a handle that holds is. A
+// queued attempt would not be, and could race the owner's Unlock: Redis could run
+// the re-entry first and the engine read the Unlock's reply as a surplus count.
+func (m *machine) fairReenter(w *waiter, now time.Time) {
+	key := holdKey{w.lock.id, w.owner}
+	if m.ownerBusy(key) {
+		return // another waiter of the owner re-enters first; advance comes back
+	}
+	w.lock.queue.remove(w)
+	w.wake = false
+	w.direct = true
+	m.markBusy(key)
+	m.attempt(w, now)
 }
 
 // fairRequeue keeps local order Redis queue order for w, which has just joined the

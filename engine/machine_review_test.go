@@ -167,3 +167,44 @@ func (h *mh) acquireFair(lock string, owner uint64) *tw {
 }
 
 func newForceFuture() *futures.Future[forceResult] { return futures.New[forceResult]() }
+
+// A fair waiter that queued behind another waiter of its handle re-enters once
+// that one holds, as a serialized call: the owner's Unlock waits for its reply
+// (else Redis could run the re-entry first and the engine take the Unlock's reply
+// for a surplus count, and drop both).
+func TestMachineFairSecondWaiterOfHandleReentersSerialized(t *testing.T) {
+	h := newMH(t)
+	h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // queued in Redis
+	s := h.take()
+	h.acquireFair("L", 1) // the same handle, from another goroutine: waits locally
+	if calls := h.take().calls(scripts.FairAcquire); len(calls) != 0 {
+		t.Fatalf("second waiter of the handle joined while the first is queued: %v", calls[0].args)
+	}
+	// The first waiter's retry finds the lock free and takes it.
+	var retry *timerOp
+	for _, op := range s.armed(kindFairRetry) {
+		retry = &op
+	}
+	if retry == nil {
+		t.Fatalf("no fair retry armed: %v", s)
+	}
+	h.fire(retry.key)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyNil, nil)
+	reentry := h.take().one(t, scripts.FairAcquire)
+	if !reentry.serial || reentry.args[6] != "0" {
+		t.Fatalf("second waiter's call: serial %v, claim %q; want a serialized re-entry (claim 0)", reentry.serial, reentry.args[6])
+	}
+	f := h.unlock("L", 1)
+	if calls := h.take().calls(scripts.FairRelease); len(calls) != 0 {
+		t.Fatal("Unlock sent while the re-entry is in flight")
+	}
+	h.reply(reentry, replyNil, nil) // re-entered: count 2
+	if calls := h.take().calls(scripts.FairRelease); len(calls) != 1 {
+		t.Fatal("Unlock not sent after the re-entry's reply")
+	}
+	mustPending(t, "unlock", f)
+	if hd := h.hold("L", 1); hd == nil || hd.count != 2 {
+		t.Fatalf("hold %+v, want count 2", hd)
+	}
+}

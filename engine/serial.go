@@ -14,7 +14,9 @@ import "time"
 // request waits here, in order, and is handled when the reply has been.
 //
 // Queued attempts need no such care: an owner in the queue holds nothing, and its
-// queued attempt is its only call.
+// queued attempt is its only call. (A fair lock's queued waiter whose handle came
+// to hold the lock meanwhile re-enters as a serialized call: see fairReenter; and
+// no fair waiter joins while its owner has a serialized call in flight.)
 
 // maxFreeCalls bounds machine.freeCalls, the ownerCalls kept for reuse: one per
 // Unlock otherwise.
@@ -66,6 +68,9 @@ func (m *machine) markIdle(k holdKey, now time.Time) {
 		q.pending[0] = nil
 		q.pending = q.pending[1:]
 		m.handle(msg, now)
+	}
+	if l := m.lockByID[k.lock]; !q.active && l != nil && l.fair != nil && l.queue.head != nil {
+		m.advance(l, now) // a fair waiter of the owner's may wait for it to be idle (fairAdvance)
 	}
 	if !q.active && len(q.pending) == 0 {
 		delete(m.serial, k)
