@@ -317,6 +317,9 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 	m.disarm(kindFairRetry, w.id, &w.retryGen)
 	h := m.addHold(l, w.owner, m.waiterField(w), w.lease, sentAt, now)
 	m.stats.Grants++
+	if l.fair != nil && h.count == 1 {
+		m.ownerEntryTaken(l, w.owner)
+	}
 
 	err := w.cancelErr
 	if err == nil {

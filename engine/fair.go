@@ -229,6 +229,21 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 	}
 }
 
+// ownerEntryTaken records that owner has just taken l: whatever took it (its
+// attempt, a direct grant, a handoff) took the owner's entry out of the Redis
+// queue, or (a handoff that did not hand over) a leave takes it out. An owner has
+// one entry, one field, for all its waiters: another local waiter of the owner
+// that stood in the queue under that entry stands there no longer. It re-enters
+// while the owner holds, and joins again after (see fairAdvance).
+func (m *machine) ownerEntryTaken(l *lockState, owner uint64) {
+	for v := l.queue.head; v != nil; v = v.next {
+		if v.owner == owner && v.enqueued && !v.attempting {
+			v.enqueued = false
+			m.disarm(kindFairRetry, v.id, &v.retryGen)
+		}
+	}
+}
+
 // fairReenter sends w's attempt as a holder's re-entry: serialized with its
 // owner's other calls (see serial.go), as a Lock of a handle that holds is. A
 // queued attempt would not be, and could race the owner's Unlock: Redis could run

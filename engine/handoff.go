@@ -239,7 +239,7 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		if h != nil && h.count > 1 {
 			h.count--
 		} else if h != nil {
-			m.dropSurplus(h)
+			m.dropLastCount(h)
 		}
 		d.call.unlock.Complete(nil)
 		m.handoffRefused(w)

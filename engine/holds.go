@@ -173,6 +173,21 @@ func (m *machine) dropSurplus(h *hold) {
 	m.abandon(l, h.owner, 0)
 }
 
+// dropLastCount ends h, whose last local count was released while the server
+// still counts more (reply 0). When a queued attempt of the same owner is in
+// flight (a fair waiter whose handle came to hold the lock meanwhile: see
+// ownerEntryTaken), the extra count is most likely that attempt's re-entry, which
+// Redis ran first: its reply brings the count back. Otherwise it is a surplus.
+func (m *machine) dropLastCount(h *hold) {
+	for w := h.lock.queue.head; w != nil; w = w.next {
+		if w.owner == h.owner && w.attempting {
+			m.dropHold(h)
+			return
+		}
+	}
+	m.dropSurplus(h)
+}
+
 // releaseOne gives back one count of h: a grant nobody received.
 func (m *machine) releaseOne(h *hold) {
 	h.count--

@@ -208,3 +208,70 @@ func TestMachineFairSecondWaiterOfHandleReentersSerialized(t *testing.T) {
 		t.Fatalf("hold %+v, want count 2", hd)
 	}
 }
+
+// A fair waiter in the Redis queue whose handle's single try then took the lock
+// (the try's call popped the handle's entry) re-enters as a serialized call too,
+// at once, not on its next wake: a queued attempt could race the handle's Unlock.
+func TestMachineFairQueuedWaiterReentersAfterHandlesTryLock(t *testing.T) {
+	h := newMH(t)
+	a := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // a queued in Redis
+	h.take()
+	h.nextID++
+	try := futures.New[error]()
+	h.m.handle(acquireMsg{id: h.nextID, lock: "L", owner: 1, fair: true, wait: 0, ctx: context.Background(), future: try}, h.now)
+	call := h.take().one(t, scripts.FairAcquire)
+	h.reply(call, replyNil, nil) // the lock was free and a's entry headed the queue: the try took it
+	mustGranted(t, "single try", try)
+	reentry := h.take().one(t, scripts.FairAcquire)
+	if !reentry.serial || reentry.waiter != a.id || reentry.args[6] != "0" {
+		t.Fatalf("a's call: serial %v, waiter %d, claim %q; want a's serialized re-entry", reentry.serial, reentry.waiter, reentry.args[6])
+	}
+	h.unlock("L", 1)
+	if calls := h.take().calls(scripts.FairRelease); len(calls) != 0 {
+		t.Fatal("Unlock sent while a's re-entry is in flight")
+	}
+	h.reply(reentry, replyNil, nil)
+	mustGranted(t, "a", a.future)
+	if calls := h.take().calls(scripts.FairRelease); len(calls) != 1 {
+		t.Fatal("Unlock not sent after the re-entry's reply")
+	}
+}
+
+// The same race with the waiter's attempt already in flight when the handle's
+// single try takes the lock: the try's Unlock goes out at once, and if Redis ran
+// the attempt's re-entry first, the Unlock's reply 0 is that count, not a surplus:
+// nothing is dropped on the server, and the attempt's grant brings the hold back.
+func TestMachineFairUnlockReplyZeroWithOwnersAttemptInFlight(t *testing.T) {
+	h := newMH(t)
+	a := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // a queued in Redis
+	s := h.take()
+	var retry *timerOp
+	for _, op := range s.armed(kindFairRetry) {
+		retry = &op
+	}
+	if retry == nil {
+		t.Fatalf("no fair retry armed: %v", s)
+	}
+	h.fire(retry.key)
+	attempt := h.take().one(t, scripts.FairAcquire) // a's retry, in flight
+	h.nextID++
+	try := futures.New[error]()
+	h.m.handle(acquireMsg{id: h.nextID, lock: "L", owner: 1, fair: true, wait: 0, ctx: context.Background(), future: try}, h.now)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyNil, nil) // the try took the lock
+	mustGranted(t, "single try", try)
+	h.take()
+	f := h.unlock("L", 1)
+	release := h.take().one(t, scripts.FairRelease)
+	h.reply(release, replyInt(0), nil) // Redis ran a's re-entry first
+	mustGranted(t, "unlock", f)
+	if calls := h.take().calls(scripts.LockReleaseOwner); len(calls) != 0 {
+		t.Fatalf("the owner's field dropped on the server: %v", calls[0].args)
+	}
+	h.reply(attempt, replyNil, nil)
+	mustGranted(t, "a", a.future)
+	if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
+		t.Fatalf("hold %+v, want a's, count 1", hd)
+	}
+}

@@ -81,7 +81,7 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 		if h != nil && h.count > 1 {
 			h.count--
 		} else if h != nil {
-			m.dropSurplus(h)
+			m.dropLastCount(h)
 		}
 		d.call.unlock.Complete(nil)
 	default: // released to everyone; the unlock message wakes the heads
