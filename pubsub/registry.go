@@ -3,6 +3,7 @@ package pubsub
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"time"
 
@@ -233,12 +234,16 @@ func (r *Registry) serve(backoff *time.Duration) bool {
 	}
 	r.conn = conn
 	var channels, patterns []string
+	var confirmations []chan struct{} // one per snapshot topic (see onSubscription)
 	for t := range r.channels {
 		if t.pattern {
 			patterns = append(patterns, t.name)
 		} else {
 			channels = append(channels, t.name)
 		}
+		c := make(chan struct{})
+		r.pending[t] = append(r.pending[t], c)
+		confirmations = append(confirmations, c)
 	}
 	r.mu.Unlock()
 	snapshot := len(channels) + len(patterns)
@@ -260,6 +265,21 @@ func (r *Registry) serve(backoff *time.Duration) bool {
 			ok = false
 		}
 	}
+	// The reconnect callback says the channels are live again: wait for the
+	// server's confirmation of each (DoMulti may return before it is handled).
+	if ok {
+		ok = awaitAll(ctx, confirmations, wait, r.done)
+	}
+	r.mu.Lock()
+	for t, list := range r.pending { // the confirmations still waited for, if any
+		list = slices.DeleteFunc(list, func(c chan struct{}) bool { return slices.Contains(confirmations, c) })
+		if len(list) == 0 {
+			delete(r.pending, t)
+		} else {
+			r.pending[t] = list
+		}
+	}
+	r.mu.Unlock()
 	// A channel unsubscribed while the snapshot was on its way may have had its
 	// UNSUBSCRIBE reach the server first: drop it again now.
 	if ok {
@@ -289,6 +309,24 @@ func (r *Registry) serve(backoff *time.Duration) bool {
 	dc.Close()
 	<-wait
 	return !closed
+}
+
+// awaitAll waits until every channel in cs is closed; false if ctx ends, the
+// connection ends (its hooks' channel, which is closed then), or done is closed
+// first.
+func awaitAll(ctx context.Context, cs []chan struct{}, lost <-chan error, done <-chan struct{}) bool {
+	for _, c := range cs {
+		select {
+		case <-c:
+		case <-ctx.Done():
+			return false
+		case <-lost:
+			return false
+		case <-done:
+			return false
+		}
+	}
+	return true
 }
 
 // dropped returns the topics of a snapshot that are no longer registered.
