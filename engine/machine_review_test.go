@@ -166,6 +166,24 @@ func (h *mh) acquireFair(lock string, owner uint64) *tw {
 	return w
 }
 
+// tryFair is a single try (wait 0) on a fair lock.
+func (h *mh) tryFair(lock string, owner uint64) *futures.Future[error] {
+	h.nextID++
+	f := futures.New[error]()
+	h.m.handle(acquireMsg{id: h.nextID, lock: lock, owner: owner, fair: true, ctx: context.Background(), future: f}, h.now)
+	return f
+}
+
+// fairRetry returns the one fair-lock retry timer the step armed.
+func (s step) fairRetry(t *testing.T) timerOp {
+	t.Helper()
+	armed := s.armed(kindFairRetry)
+	if len(armed) != 1 {
+		t.Fatalf("want one fair retry armed: %v", s)
+	}
+	return armed[0]
+}
+
 func newForceFuture() *futures.Future[forceResult] { return futures.New[forceResult]() }
 
 // A fair waiter that queued behind another waiter of its handle re-enters once
@@ -182,14 +200,7 @@ func TestMachineFairSecondWaiterOfHandleReentersSerialized(t *testing.T) {
 		t.Fatalf("second waiter of the handle joined while the first is queued: %v", calls[0].args)
 	}
 	// The first waiter's retry finds the lock free and takes it.
-	var retry *timerOp
-	for _, op := range s.armed(kindFairRetry) {
-		retry = &op
-	}
-	if retry == nil {
-		t.Fatalf("no fair retry armed: %v", s)
-	}
-	h.fire(retry.key)
+	h.fire(s.fairRetry(t).key)
 	h.reply(h.take().one(t, scripts.FairAcquire), replyNil, nil)
 	reentry := h.take().one(t, scripts.FairAcquire)
 	if !reentry.serial || reentry.args[6] != "0" {
@@ -217,9 +228,7 @@ func TestMachineFairQueuedWaiterReentersAfterHandlesTryLock(t *testing.T) {
 	a := h.acquireFair("L", 1)
 	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // a queued in Redis
 	h.take()
-	h.nextID++
-	try := futures.New[error]()
-	h.m.handle(acquireMsg{id: h.nextID, lock: "L", owner: 1, fair: true, wait: 0, ctx: context.Background(), future: try}, h.now)
+	try := h.tryFair("L", 1)
 	call := h.take().one(t, scripts.FairAcquire)
 	h.reply(call, replyNil, nil) // the lock was free and a's entry headed the queue: the try took it
 	mustGranted(t, "single try", try)
@@ -247,18 +256,9 @@ func TestMachineFairUnlockReplyZeroWithOwnersAttemptInFlight(t *testing.T) {
 	a := h.acquireFair("L", 1)
 	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // a queued in Redis
 	s := h.take()
-	var retry *timerOp
-	for _, op := range s.armed(kindFairRetry) {
-		retry = &op
-	}
-	if retry == nil {
-		t.Fatalf("no fair retry armed: %v", s)
-	}
-	h.fire(retry.key)
+	h.fire(s.fairRetry(t).key)
 	attempt := h.take().one(t, scripts.FairAcquire) // a's retry, in flight
-	h.nextID++
-	try := futures.New[error]()
-	h.m.handle(acquireMsg{id: h.nextID, lock: "L", owner: 1, fair: true, wait: 0, ctx: context.Background(), future: try}, h.now)
+	try := h.tryFair("L", 1)
 	h.reply(h.take().one(t, scripts.FairAcquire), replyNil, nil) // the try took the lock
 	mustGranted(t, "single try", try)
 	h.take()
