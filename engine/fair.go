@@ -151,7 +151,11 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 		lock:    l.id,
 		waiter:  w.id,
 		owner:   w.owner,
-		serial:  w.direct,
+		// Every fair attempt is one of its owner's serialized calls (serial.go):
+		// a queued one too, as a waiter's handle may come to hold the lock while
+		// it is in flight (another goroutine's Lock of the handle), and the
+		// handle's Unlock must not race it.
+		serial: true,
 	})
 }
 
@@ -193,9 +197,10 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 	}
 	w := l.queue.head
 	for ; w != nil && w.enqueued; w = w.next {
-		if l.attempting == nil && w.wake && !w.attempting {
+		if l.attempting == nil && w.wake && !w.attempting && !m.ownerBusy(holdKey{l.id, w.owner}) {
 			l.attempting = w
 			w.wake = false
+			m.markBusy(holdKey{l.id, w.owner})
 			m.attempt(w, now)
 		}
 	}
@@ -222,6 +227,7 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 		l.joining++
 		w.wake = false
 		w.joinPending = true
+		m.markBusy(key)
 		m.attempt(w, now)
 	}
 	for _, w := range reenter {

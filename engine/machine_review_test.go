@@ -247,23 +247,49 @@ func TestMachineFairQueuedWaiterReentersAfterHandlesTryLock(t *testing.T) {
 	}
 }
 
-// The same race with the waiter's attempt already in flight when the handle's
-// single try takes the lock: the try's Unlock goes out at once, and if Redis ran
-// the attempt's re-entry first, the Unlock's reply 0 is that count, not a surplus:
-// nothing is dropped on the server, and the attempt's grant brings the hold back.
-func TestMachineFairUnlockReplyZeroWithOwnersAttemptInFlight(t *testing.T) {
+// A fair waiter's queued attempt is one of its owner's serialized calls too: the
+// handle's single try waits for it, and so does the handle's Unlock after, so no
+// reply can be taken for another's.
+func TestMachineFairTryLockWaitsForOwnersQueuedAttempt(t *testing.T) {
 	h := newMH(t)
 	a := h.acquireFair("L", 1)
 	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // a queued in Redis
-	s := h.take()
-	h.fire(s.fairRetry(t).key)
+	h.fire(h.take().fairRetry(t).key)
 	attempt := h.take().one(t, scripts.FairAcquire) // a's retry, in flight
+	if !attempt.serial {
+		t.Fatal("a's queued attempt is not serialized with its owner's calls")
+	}
 	try := h.tryFair("L", 1)
-	h.reply(h.take().one(t, scripts.FairAcquire), replyNil, nil) // the try took the lock
+	if calls := h.take().calls(scripts.FairAcquire); len(calls) != 0 {
+		t.Fatalf("the handle's single try went out during its waiter's attempt: %v", calls[0].args)
+	}
+	h.reply(attempt, replyNil, nil) // a took the lock
+	mustGranted(t, "a", a.future)
+	reentry := h.take().one(t, scripts.FairAcquire) // now the try: a re-entry
+	h.reply(reentry, replyNil, nil)
 	mustGranted(t, "single try", try)
+	if hd := h.hold("L", 1); hd == nil || hd.count != 2 {
+		t.Fatalf("hold %+v, want count 2", hd)
+	}
+}
+
+// On the Mutex a queued attempt is not serialized with its handle's calls: if the
+// handle's single try takes the lock while its waiter's attempt is in flight, and
+// Redis runs that attempt's re-entry before the try's Unlock, the Unlock's reply 0
+// is that attempt's count, not a surplus: nothing is dropped on the server, and the
+// attempt's grant brings the hold back.
+func TestMachineUnlockReplyZeroWithOwnersAttemptInFlight(t *testing.T) {
+	h := newMH(t)
+	a := h.heldElsewhere("L", 1, -1, 30*time.Second) // a parked at the head
+	h.notice("L")
+	attempt := h.take().one(t, scripts.LockAcquire) // a's attempt, in flight
+	try := h.acquire("L", 1, 0, 0)
+	call := h.take().one(t, scripts.LockAcquire)
+	h.reply(call, replyNil, nil) // the try took the lock
+	mustGranted(t, "single try", try.future)
 	h.take()
 	f := h.unlock("L", 1)
-	release := h.take().one(t, scripts.FairRelease)
+	release := h.take().one(t, scripts.LockRelease)
 	h.reply(release, replyInt(0), nil) // Redis ran a's re-entry first
 	mustGranted(t, "unlock", f)
 	if calls := h.take().calls(scripts.LockReleaseOwner); len(calls) != 0 {
