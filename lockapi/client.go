@@ -128,12 +128,12 @@ func (c *Client) Mutex(name string) *Mutex {
 // One client must not use the same name both as Mutex and as FairMutex: such calls
 // fail with ErrInvalidArgument.
 //
-// Known issue: with a fair handle whose Lock is called by several goroutines at
-// once (a handle shared by goroutines, each re-entering it), Redis can, rarely,
-// count one hold more than the handle has for a while (HoldCount reads it); the
-// surplus goes with the handle's last Unlock, and the lock is never lost or shared
-// meanwhile. A stress test with two goroutines per handle sees it in about one run
-// in five. One goroutine per handle is not affected.
+// A handle shared by goroutines that Lock it at once with short contexts may see
+// HoldCount read one more than it holds, for a moment: a grant whose Lock's context
+// had ended is given back by an owner-guarded release, which is not one of the
+// handle's serialized calls, and HoldCount does not wait for it (a stress test with
+// two goroutines per handle sees it in about one run in five; the lock is never
+// lost or shared meanwhile).
 func (c *Client) FairMutex(name string) *Mutex {
 	return &Mutex{c: c, name: name, owner: c.engine.NewOwner(), fair: true}
 }
