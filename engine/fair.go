@@ -250,10 +250,12 @@ func (m *machine) ownerEntryTaken(l *lockState, owner uint64) {
 	}
 }
 
-// fairReenter sends w's attempt as a holder's re-entry: serialized with its
-// owner's other calls (see serial.go), as a Lock of a handle that holds is. A
-// queued attempt would not be, and could race the owner's Unlock: Redis could run
-// the re-entry first and the engine read the Unlock's reply as a surplus count.
+// fairReenter sends w's attempt as a holder's re-entry, out of the local queue and
+// serialized with its owner's other calls (see serial.go), as a Lock of a handle
+// that holds is. Queued attempts are serialized too (fairAttempt), yet sending
+// this one as an ordinary join instead brought back lost holds and two holders in
+// the shared-handle stress test: the join path's bookkeeping (joinPending, the
+// batch, claims) assumes an owner that holds nothing.
 func (m *machine) fairReenter(w *waiter, now time.Time) {
 	key := holdKey{w.lock.id, w.owner}
 	if m.ownerBusy(key) {
