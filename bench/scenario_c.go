@@ -53,11 +53,15 @@ type CRun struct {
 	Aborted bool `json:"aborted"`
 	// Capped: the drain reached Profile.CDrainCap, so the waiters still waiting
 	// were told to stop (they count as Stopped, not as errors).
-	Capped     bool      `json:"capped"`
-	Stopped    int       `json:"stopped"`
-	Errors     int       `json:"errors"`
-	FirstError string    `json:"first_error,omitempty"`
-	Redis      RedisWork `json:"redis"`
+	Capped     bool   `json:"capped"`
+	Stopped    int    `json:"stopped"`
+	Errors     int    `json:"errors"`
+	FirstError string `json:"first_error,omitempty"`
+	// Redis is the whole cell's Redis work: the waiters' queueing and the drain.
+	Redis RedisWork `json:"redis"`
+	// Queueing is the part of Redis done before the holder's release: the
+	// waiters' first attempts, joins and subscriptions.
+	Queueing RedisWork `json:"redis_queueing"`
 }
 
 // worker is one running worker process.
@@ -240,6 +244,20 @@ func (r *runner) runC(ctx context.Context, kind contenderKind, procs, rep int) (
 			return CRun{}, err
 		}
 	}
+	// The waiters queue while the holder holds; the counters read just before
+	// its release split the queueing's Redis work from the drain's.
+	select {
+	case <-time.After(p.CHolderHold):
+	case <-ctx.Done():
+		return CRun{}, ctx.Err()
+	}
+	queued, err := r.stats.work(ctx, kind.scriptOnly)
+	if err != nil {
+		return CRun{}, err
+	}
+	if err := ws[0].send("release"); err != nil {
+		return CRun{}, err
+	}
 	d, err := r.drainC(ctx, ws, events)
 	if err != nil {
 		return CRun{}, err
@@ -249,6 +267,7 @@ func (r *runner) runC(ctx context.Context, kind contenderKind, procs, rep int) (
 		return CRun{}, err
 	}
 	run := summarizeC(kind.name, procs, rep, p.CWaiters, d.msgs, work, r.rtt)
+	run.Queueing = queued
 	// A cap that came when nobody was left waiting cut nothing.
 	run.Aborted, run.Capped = d.aborted, d.capped && run.Stopped > 0
 	return run, nil
@@ -275,13 +294,12 @@ func (r *runner) drainC(ctx context.Context, ws []*worker, events <-chan workerE
 	lastMove := time.Now()
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
-	hard := time.NewTimer(r.prof.CTimeout + r.prof.CHolderHold + 30*time.Second)
+	hard := time.NewTimer(r.prof.CTimeout + 30*time.Second)
 	defer hard.Stop()
-	// The waiters started just now; the drain starts with the holder's release,
-	// at most CHolderHold from now.
+	// The holder was just told to release: the drain starts now.
 	var capC <-chan time.Time
 	if r.prof.CDrainCap > 0 {
-		capTimer := time.NewTimer(r.prof.CHolderHold + r.prof.CDrainCap)
+		capTimer := time.NewTimer(r.prof.CDrainCap)
 		defer capTimer.Stop()
 		capC = capTimer.C
 	}

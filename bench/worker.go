@@ -23,6 +23,9 @@ import (
 //	parent → worker   "hold"                 (only to the worker with the holder)
 //	worker → parent   {"held":true}          the holder has the lock
 //	parent → worker   "go"                   waiters start
+//	parent → worker   "release"              the holder releases (only to its worker,
+//	                                         after the parent read the queueing's
+//	                                         Redis counters)
 //	worker → parent   {"acquired":n}         progress, every 200 ms while it changes
 //	parent → worker   "abort"                (only if nothing moved for too long)
 //	parent → worker   "stop"                 (only at the drain cap, Profile.CDrainCap)
@@ -44,8 +47,9 @@ type workerConfig struct {
 	Waiters int `json:"waiters"`
 	// Hold is how long each waiter holds the lock.
 	Hold time.Duration `json:"hold"`
-	// HolderHold, when positive, makes this worker hold the lock first, for that
-	// long, before the waiters start.
+	// HolderHold, when positive, makes this worker take the lock first, before
+	// the waiters start, and hold it until the parent says "release", which it
+	// does HolderHold after "go".
 	HolderHold time.Duration `json:"holder_hold"`
 	// Timeout bounds each waiter's Lock.
 	Timeout time.Duration `json:"timeout"`
@@ -112,6 +116,10 @@ func runWorker(in *bufio.Scanner, enc *lockedEncoder) error {
 
 	var res workerResult
 	var holderDone chan error
+	// release is closed on "release", or when the parent stops talking.
+	release := make(chan struct{})
+	var releaseOnce sync.Once
+	letGo := func() { releaseOnce.Do(func() { close(release) }) }
 	if cfg.HolderHold > 0 {
 		if err := expectLine(in, "hold"); err != nil {
 			return err
@@ -127,7 +135,7 @@ func runWorker(in *bufio.Scanner, enc *lockedEncoder) error {
 		res.Holder = &interval{Acquired: time.Now().UnixNano()}
 		holderDone = make(chan error, 1)
 		go func() {
-			time.Sleep(cfg.HolderHold)
+			<-release
 			res.Holder.Released = time.Now().UnixNano()
 			ctx, cancel := context.WithTimeout(context.Background(), unlockTimeout)
 			defer cancel()
@@ -141,15 +149,19 @@ func runWorker(in *bufio.Scanner, enc *lockedEncoder) error {
 		return err
 	}
 
-	// After "go" the only lines the parent may send are "abort" (every waiter still
-	// waiting gives up: the parent saw no progress anywhere for too long; a closed
-	// stdin means the same) and "stop" (the same at the drain cap, which is not an
-	// error: those waiters count as stopped).
+	// After "go" the only lines the parent may send are "release" (to the holder's
+	// worker), "abort" (every waiter still waiting gives up: the parent saw no
+	// progress anywhere for too long; a closed stdin means the same) and "stop"
+	// (the same at the drain cap, which is not an error: those waiters count as
+	// stopped). The holder releases at the latest when the waiters give up.
 	root, abort := context.WithCancelCause(context.Background())
 	defer abort(nil)
 	go func() {
+		defer letGo()
 		for in.Scan() {
 			switch in.Text() {
+			case "release":
+				letGo()
 			case "abort":
 				abort(nil)
 				return
