@@ -215,6 +215,7 @@ func (m *machine) abandon(l *lockState, owner uint64, drop int) {
 		keys = append(keys, l.fair.queue)
 		m.addLeaving(l, owner)
 	}
+	m.abandoning[holdKey{l.id, owner}]++
 	m.run(scriptCall{
 		script:  scripts.LockReleaseOwner,
 		keys:    keys,

@@ -52,6 +52,8 @@ type machine struct {
 	serial        map[holdKey]*ownerCalls // owners with a direct acquire or a release in flight
 	freeCalls     []*ownerCalls           // unused ownerCalls, for reuse (see maxFreeCalls)
 	lostHolds     map[holdKey]struct{}    // owners whose last hold was lost, until they Unlock or hold again
+	abandoning    map[holdKey]int         // owners' abandons in flight (see onSettle)
+	settling      map[holdKey][]settleMsg // Settles waiting for the owner's abandons
 	holdByID      map[uint64]*hold
 
 	nextID        uint64 // ids of locks and holds
@@ -81,6 +83,8 @@ func newMachine(cfg config) *machine {
 		holds:         make(map[holdKey]*hold),
 		serial:        make(map[holdKey]*ownerCalls),
 		lostHolds:     make(map[holdKey]struct{}),
+		abandoning:    make(map[holdKey]int),
+		settling:      make(map[holdKey][]settleMsg),
 		holdByID:      make(map[uint64]*hold),
 		watchdogText:  millis(cfg.watchdog),
 	}
@@ -104,14 +108,7 @@ func (m *machine) handle(msg message, now time.Time) {
 	case closeMsg:
 		m.onClose()
 	case settleMsg:
-		if m.closing {
-			msg.future.Complete(ErrClosed) // Close's releases may be in flight
-			return
-		}
-		if l := m.locks[msg.lock]; l != nil && m.deferIfBusy(holdKey{l.id, msg.owner}, msg) {
-			return
-		}
-		msg.future.Complete(nil)
+		m.onSettle(msg)
 	case statsMsg:
 		msg.future.Complete(m.snapshot())
 	case cancelMsg:
@@ -328,6 +325,7 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeUnlock:
 		m.onUnlockDone(d, now)
 	case purposeAbandon:
+		m.abandonDone(holdKey{d.call.lock, d.call.owner}, now)
 		if l := m.lockByID[d.call.lock]; l != nil {
 			if l.fair != nil {
 				m.onLeaveDone(d, now) // see abandon
@@ -408,6 +406,12 @@ func (m *machine) onClose() {
 		return
 	}
 	m.closing = true
+	for k, parked := range m.settling {
+		delete(m.settling, k)
+		for _, msg := range parked {
+			msg.future.Complete(ErrClosed)
+		}
+	}
 	for _, q := range m.serial {
 		pending := q.pending
 		q.pending = nil

@@ -275,6 +275,43 @@ func TestMachineSettleWaitsForEarlyHandoff(t *testing.T) {
 	mustGranted(t, "the receiver's settle after the reply", settled)
 }
 
+// Settle also waits for the owner's abandon in flight: the give-back of a grant
+// whose caller's context ended first. Until its reply, Redis still counts it.
+func TestMachineSettleWaitsForAbandon(t *testing.T) {
+	h := newMH(t)
+	w := h.acquire("L", 1, 0, -1)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+	h.take()
+	h.cancelCtx(w)
+	c := h.take().one(t, scripts.LockReleaseOwner)
+
+	settled := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
+	other := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 2, future: other}, h.now)
+	mustGranted(t, "another owner's settle", other)
+	mustPending(t, "the owner's settle while its abandon is in flight", settled)
+	h.reply(c, replyInt(1), nil)
+	mustGranted(t, "the owner's settle after the abandon's reply", settled)
+	if n := len(h.m.abandoning) + len(h.m.settling); n != 0 {
+		t.Errorf("%d abandon or settle entries left", n)
+	}
+
+	// A Settle still waiting for an abandon at Close is answered ErrClosed.
+	w = h.acquire("L", 1, 0, -1)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+	h.take()
+	h.cancelCtx(w)
+	h.take().one(t, scripts.LockReleaseOwner)
+	waiting := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 1, future: waiting}, h.now)
+	mustPending(t, "settle behind the abandon", waiting)
+	h.m.handle(closeMsg{}, h.now)
+	if err := mustGet(t, "waiting settle at Close", waiting); !errors.Is(err, ErrClosed) {
+		t.Fatalf("got %v, want ErrClosed", err)
+	}
+}
+
 // With deferGrants (as the Engine runs it), a grant's future completes after the
 // step's effects are carried out (flushGrants), or at the latest when the next
 // message is handled, so a cancellation in that message still finds the grant

@@ -86,3 +86,42 @@ func (m *machine) ownerBusy(k holdKey) bool {
 	q := m.serial[k]
 	return q != nil && q.active
 }
+
+// onSettle completes a Settle once the owner has no serialized call in flight and
+// no abandon either: an abandon gives back a grant that a cancelled Lock of the
+// owner's never received (or cleans up a lost hold), and until its reply Redis
+// still counts that grant, which HoldCount would report.
+func (m *machine) onSettle(msg settleMsg) {
+	if m.closing {
+		msg.future.Complete(ErrClosed) // Close's releases may be in flight
+		return
+	}
+	l := m.locks[msg.lock]
+	if l == nil {
+		msg.future.Complete(nil)
+		return
+	}
+	k := holdKey{l.id, msg.owner}
+	if m.deferIfBusy(k, msg) {
+		return
+	}
+	if m.abandoning[k] > 0 {
+		m.settling[k] = append(m.settling[k], msg)
+		return
+	}
+	msg.future.Complete(nil)
+}
+
+// abandonDone records the final reply of one of the owner's abandons, and hands the
+// Settles that waited for the last of them back to onSettle.
+func (m *machine) abandonDone(k holdKey, now time.Time) {
+	if m.abandoning[k]--; m.abandoning[k] > 0 {
+		return
+	}
+	delete(m.abandoning, k)
+	parked := m.settling[k]
+	delete(m.settling, k)
+	for _, msg := range parked {
+		m.handle(msg, now)
+	}
+}

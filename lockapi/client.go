@@ -127,13 +127,6 @@ func (c *Client) Mutex(name string) *Mutex {
 //
 // One client must not use the same name both as Mutex and as FairMutex: such calls
 // fail with ErrInvalidArgument.
-//
-// A handle shared by goroutines that Lock it at once with short contexts may see
-// HoldCount read one more than it holds, for a moment: a grant whose Lock's context
-// had ended is given back by an owner-guarded release, which is not one of the
-// handle's serialized calls, and HoldCount does not wait for it (a stress test with
-// two goroutines per handle sees it in about one run in five; the lock is never
-// lost or shared meanwhile).
 func (c *Client) FairMutex(name string) *Mutex {
 	return &Mutex{c: c, name: name, owner: c.engine.NewOwner(), fair: true}
 }

@@ -151,7 +151,8 @@ func (m *Mutex) IsLocked(ctx context.Context) (bool, error) {
 
 // HoldCount returns how many times this handle holds the lock (0 when it does not),
 // as Redis counts it. It first waits for this handle's Unlock, re-entry or local
-// handoff still in flight, so the count reflects every such call that returned.
+// handoff still in flight, and for the give-back of any grant that arrived after
+// its Lock's context ended, so the count reflects every such call that returned.
 func (m *Mutex) HoldCount(ctx context.Context) (int, error) {
 	if err := m.c.check(ctx, m.name); err != nil {
 		return 0, err
