@@ -263,9 +263,10 @@ func TestRunTiny(t *testing.T) {
 			t.Errorf("C %s procs=%d: %d acquired, %d violations, %.0f handoffs/s, first error %q",
 				r.Contender, r.Procs, r.Acquired, r.Violations, r.HandoffsPerSec, r.FirstError)
 		}
-		// Every waiter tries once while the holder holds, and every handoff
-		// releases after the holder's release: both parts have requests.
-		if q := r.Queueing.Requests; q < int64(r.Procs) || q >= r.Redis.Requests {
+		// The holder acquires and every process's waiters try at least once
+		// while it holds, and every handoff releases after the holder's
+		// release: both parts have requests.
+		if q := r.Queueing.Requests; q <= int64(r.Procs) || q >= r.Redis.Requests {
 			t.Errorf("C %s procs=%d: %d requests before the holder's release, %d in all", r.Contender, r.Procs, q, r.Redis.Requests)
 		}
 	}

@@ -29,8 +29,8 @@ type Profile struct {
 	CHolderHold time.Duration `json:"c_holder_hold_ns"`
 	CHold       time.Duration `json:"c_hold_ns"`
 	CTimeout    time.Duration `json:"c_timeout_ns"`
-	// CDrainCap, when positive, ends a C cell that long after the first holder's
-	// release (at the latest; counted from the waiters' start plus CHolderHold):
+	// CDrainCap, when positive, ends a C cell that long after the harness told
+	// the first holder to release:
 	// the waiters still waiting stop, and the figures cover the handoffs made
 	// until then. It bounds the slow polling peers' drains; the others finish
 	// well within it.

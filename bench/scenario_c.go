@@ -59,8 +59,10 @@ type CRun struct {
 	FirstError string `json:"first_error,omitempty"`
 	// Redis is the whole cell's Redis work: the waiters' queueing and the drain.
 	Redis RedisWork `json:"redis"`
-	// Queueing is the part of Redis done before the holder's release: the
-	// waiters' first attempts, joins and subscriptions.
+	// Queueing is the part of Redis done before the harness told the holder to
+	// release: the holder's own acquire, and the waiters' first attempts, joins,
+	// subscriptions and (for polling contenders) polls. The little done between
+	// that read and the holder's Unlock reaching Redis counts as the drain's.
 	Queueing RedisWork `json:"redis_queueing"`
 }
 

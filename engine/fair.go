@@ -434,18 +434,23 @@ func (m *machine) fairLeaveOwner(l *lockState, owner uint64, field string) {
 	// A release of the owner's in flight (an abandon) would delete what this leave
 	// gives back; deleting twice is harmless, so only a hold this client knows of
 	// keeps the leave from giving back.
-	claim := "1"
+	// A leave that may give back a grant is one of the owner's give-backs, which
+	// HoldCount waits for (see onSettle).
+	claim, giveBack := "1", uint64(0)
 	if m.holds[holdKey{l.id, owner}] != nil {
 		claim = "0"
+	} else {
+		giveBack = m.startGiveBack(holdKey{l.id, owner})
 	}
 	m.addLeaving(l, owner)
 	m.run(scriptCall{
-		script:  scripts.FairLeave,
-		keys:    l.fair.keys,
-		args:    []string{field, millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), claim},
-		purpose: purposeLeave,
-		lock:    l.id,
-		owner:   owner,
+		script:   scripts.FairLeave,
+		keys:     l.fair.keys,
+		args:     []string{field, millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), claim},
+		purpose:  purposeLeave,
+		lock:     l.id,
+		owner:    owner,
+		giveBack: giveBack,
 	})
 }
 

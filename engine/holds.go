@@ -215,13 +215,13 @@ func (m *machine) abandon(l *lockState, owner uint64, drop int) {
 		keys = append(keys, l.fair.queue)
 		m.addLeaving(l, owner)
 	}
-	m.abandoning[holdKey{l.id, owner}]++
 	m.run(scriptCall{
-		script:  scripts.LockReleaseOwner,
-		keys:    keys,
-		args:    []string{unlockMessage, ownerField(m.cfg.clientID, owner), strconv.Itoa(drop)},
-		purpose: purposeAbandon,
-		lock:    l.id,
-		owner:   owner,
+		script:   scripts.LockReleaseOwner,
+		keys:     keys,
+		args:     []string{unlockMessage, ownerField(m.cfg.clientID, owner), strconv.Itoa(drop)},
+		purpose:  purposeAbandon,
+		lock:     l.id,
+		owner:    owner,
+		giveBack: m.startGiveBack(holdKey{l.id, owner}),
 	})
 }

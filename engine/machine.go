@@ -49,11 +49,12 @@ type machine struct {
 	waiters       map[uint64]*waiter  // waiters not yet completed, by id
 	receipts      map[uint64]*receipt // grants whose context is still watched, by waiter id
 	holds         map[holdKey]*hold
-	serial        map[holdKey]*ownerCalls // owners with a direct acquire or a release in flight
-	freeCalls     []*ownerCalls           // unused ownerCalls, for reuse (see maxFreeCalls)
-	lostHolds     map[holdKey]struct{}    // owners whose last hold was lost, until they Unlock or hold again
-	abandoning    map[holdKey]int         // owners' abandons in flight (see onSettle)
-	settling      map[holdKey][]settleMsg // Settles waiting for the owner's abandons
+	serial        map[holdKey]*ownerCalls    // owners with a direct acquire or a release in flight
+	freeCalls     []*ownerCalls              // unused ownerCalls, for reuse (see maxFreeCalls)
+	lostHolds     map[holdKey]struct{}       // owners whose last hold was lost, until they Unlock or hold again
+	giveBacks     map[holdKey][]uint64       // owners' give-backs in flight, by sequence number (see onSettle)
+	giveBackSeq   uint64                     // the last give-back's sequence number
+	settling      map[holdKey][]parkedSettle // Settles waiting for the owner's give-backs
 	holdByID      map[uint64]*hold
 
 	nextID        uint64 // ids of locks and holds
@@ -83,8 +84,8 @@ func newMachine(cfg config) *machine {
 		holds:         make(map[holdKey]*hold),
 		serial:        make(map[holdKey]*ownerCalls),
 		lostHolds:     make(map[holdKey]struct{}),
-		abandoning:    make(map[holdKey]int),
-		settling:      make(map[holdKey][]settleMsg),
+		giveBacks:     make(map[holdKey][]uint64),
+		settling:      make(map[holdKey][]parkedSettle),
 		holdByID:      make(map[uint64]*hold),
 		watchdogText:  millis(cfg.watchdog),
 	}
@@ -317,6 +318,9 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 			return // still in flight: the owner (and an early grant's receiver) stays busy
 		}
 	}
+	if d.call.giveBack != 0 {
+		m.giveBackDone(holdKey{d.call.lock, d.call.owner}, d.call.giveBack)
+	}
 	switch d.call.purpose {
 	case purposeAttempt:
 		m.onAttemptDone(d, now)
@@ -325,7 +329,6 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeUnlock:
 		m.onUnlockDone(d, now)
 	case purposeAbandon:
-		m.abandonDone(holdKey{d.call.lock, d.call.owner}, now)
 		if l := m.lockByID[d.call.lock]; l != nil {
 			if l.fair != nil {
 				m.onLeaveDone(d, now) // see abandon
@@ -408,8 +411,8 @@ func (m *machine) onClose() {
 	m.closing = true
 	for k, parked := range m.settling {
 		delete(m.settling, k)
-		for _, msg := range parked {
-			msg.future.Complete(ErrClosed)
+		for _, p := range parked {
+			p.msg.future.Complete(ErrClosed)
 		}
 	}
 	for _, q := range m.serial {

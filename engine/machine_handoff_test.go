@@ -293,7 +293,7 @@ func TestMachineSettleWaitsForAbandon(t *testing.T) {
 	mustPending(t, "the owner's settle while its abandon is in flight", settled)
 	h.reply(c, replyInt(1), nil)
 	mustGranted(t, "the owner's settle after the abandon's reply", settled)
-	if n := len(h.m.abandoning) + len(h.m.settling); n != 0 {
+	if n := len(h.m.giveBacks) + len(h.m.settling); n != 0 {
 		t.Errorf("%d abandon or settle entries left", n)
 	}
 
@@ -310,6 +310,57 @@ func TestMachineSettleWaitsForAbandon(t *testing.T) {
 	if err := mustGet(t, "waiting settle at Close", waiting); !errors.Is(err, ErrClosed) {
 		t.Fatalf("got %v, want ErrClosed", err)
 	}
+}
+
+// A fair waiter that leaves the Redis queue with nothing held may give back a
+// direct grant it did not hear of: Settle waits for that leave too.
+func TestMachineSettleWaitsForFairGiveBack(t *testing.T) {
+	h := newMH(t)
+	w := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // queued in Redis
+	h.take()
+	h.cancelCtx(w)
+	leave := h.take().one(t, scripts.FairLeave)
+	if leave.args[4] != "1" {
+		t.Fatalf("leave args %v: want one that gives back an unheard grant", leave.args)
+	}
+	settled := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
+	mustPending(t, "the owner's settle while its leave is in flight", settled)
+	h.reply(leave, replyInt(2), nil)
+	mustGranted(t, "the owner's settle after the leave's reply", settled)
+	if n := len(h.m.giveBacks) + len(h.m.settling); n != 0 {
+		t.Errorf("%d give-back or settle entries left", n)
+	}
+}
+
+// A Settle waits only for the give-backs in flight when it came: later ones would
+// let a stream of cancelled grants hold HoldCount up for good.
+func TestMachineSettleNotStarvedByLaterGiveBacks(t *testing.T) {
+	h := newMH(t)
+	cancelledGrant := func() scriptCall {
+		t.Helper()
+		w := h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		h.take()
+		h.cancelCtx(w)
+		return h.take().one(t, scripts.LockReleaseOwner)
+	}
+	first := cancelledGrant()
+	settled := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
+	second := cancelledGrant()
+	third := cancelledGrant()
+	mustPending(t, "the settle while the first give-back is in flight", settled)
+	h.reply(first, replyInt(1), nil)
+	mustGranted(t, "the settle once the give-back it came after is answered", settled)
+
+	late := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 1, future: late}, h.now)
+	h.reply(third, replyInt(1), nil)
+	mustPending(t, "a settle behind the second give-back", late)
+	h.reply(second, replyInt(1), nil)
+	mustGranted(t, "the settle after both", late)
 }
 
 // With deferGrants (as the Engine runs it), a grant's future completes after the

@@ -87,10 +87,28 @@ func (m *machine) ownerBusy(k holdKey) bool {
 	return q != nil && q.active
 }
 
-// onSettle completes a Settle once the owner has no serialized call in flight and
-// no abandon either: an abandon gives back a grant that a cancelled Lock of the
-// owner's never received (or cleans up a lost hold), and until its reply Redis
-// still counts that grant, which HoldCount would report.
+// A give-back is an owner-guarded release of a grant the owner never received: an
+// abandon (a grant that came after its Lock's context ended, or the clean-up of a
+// lost hold), or a fair leave that may find a direct grant it did not hear of.
+// Until its reply, Redis still counts that grant, which HoldCount would report, so
+// Settle waits for the give-backs in flight when it arrives (not for later ones,
+// which would let a stream of them starve it).
+
+// parkedSettle is a Settle waiting for the owner's give-backs up to upTo.
+type parkedSettle struct {
+	msg  settleMsg
+	upTo uint64
+}
+
+// startGiveBack records a give-back of the owner's and returns its sequence number.
+func (m *machine) startGiveBack(k holdKey) uint64 {
+	m.giveBackSeq++
+	m.giveBacks[k] = append(m.giveBacks[k], m.giveBackSeq)
+	return m.giveBackSeq
+}
+
+// onSettle completes a Settle once the owner has no serialized call in flight, and
+// none of its give-backs then in flight is still unanswered.
 func (m *machine) onSettle(msg settleMsg) {
 	if m.closing {
 		msg.future.Complete(ErrClosed) // Close's releases may be in flight
@@ -105,23 +123,47 @@ func (m *machine) onSettle(msg settleMsg) {
 	if m.deferIfBusy(k, msg) {
 		return
 	}
-	if m.abandoning[k] > 0 {
-		m.settling[k] = append(m.settling[k], msg)
+	if len(m.giveBacks[k]) > 0 {
+		m.settling[k] = append(m.settling[k], parkedSettle{msg: msg, upTo: m.giveBackSeq})
 		return
 	}
 	msg.future.Complete(nil)
 }
 
-// abandonDone records the final reply of one of the owner's abandons, and hands the
-// Settles that waited for the last of them back to onSettle.
-func (m *machine) abandonDone(k holdKey, now time.Time) {
-	if m.abandoning[k]--; m.abandoning[k] > 0 {
+// giveBackDone records the final reply of the owner's give-back seq, and completes
+// the Settles that no earlier give-back holds up any more.
+func (m *machine) giveBackDone(k holdKey, seq uint64) {
+	inFlight := m.giveBacks[k]
+	for i, s := range inFlight {
+		if s == seq {
+			inFlight = append(inFlight[:i], inFlight[i+1:]...)
+			break
+		}
+	}
+	if len(inFlight) == 0 {
+		delete(m.giveBacks, k)
+	} else {
+		m.giveBacks[k] = inFlight
+	}
+	parked := m.settling[k]
+	if len(parked) == 0 {
 		return
 	}
-	delete(m.abandoning, k)
-	parked := m.settling[k]
-	delete(m.settling, k)
-	for _, msg := range parked {
-		m.handle(msg, now)
+	oldest := uint64(0) // the oldest give-back still in flight; 0: none
+	if len(inFlight) > 0 {
+		oldest = inFlight[0]
+	}
+	kept := parked[:0]
+	for _, p := range parked {
+		if oldest != 0 && oldest <= p.upTo {
+			kept = append(kept, p)
+			continue
+		}
+		p.msg.future.Complete(nil)
+	}
+	if len(kept) == 0 {
+		delete(m.settling, k)
+	} else {
+		m.settling[k] = kept
 	}
 }

@@ -1,6 +1,7 @@
 package lockapi_test
 
 import (
+	"context"
 	"fmt"
 	"sync"
 	"testing"
@@ -104,7 +105,9 @@ func testSharedHandleHoldCount(t *testing.T, fair bool) {
 					// waiter queued before its handle got the lock waits for the
 					// handle's Unlock), so the check waits for it only briefly.
 					if sh.tryExclusive(10 * time.Millisecond) {
-						n, err := sh.m.HoldCount(ctxFor(t, 20*time.Second))
+						hctx, hcancel := context.WithTimeout(context.Background(), 20*time.Second)
+						n, err := sh.m.HoldCount(hctx)
+						hcancel()
 						mu.Lock()
 						want := sh.inside
 						sh.checks++
@@ -119,7 +122,9 @@ func testSharedHandleHoldCount(t *testing.T, fair bool) {
 					mu.Lock()
 					sh.inside--
 					mu.Unlock()
-					err = sh.m.Unlock(ctxFor(t, 20*time.Second))
+					uctx, ucancel := context.WithTimeout(context.Background(), 20*time.Second)
+					err = sh.m.Unlock(uctx)
+					ucancel()
 					sh.calls.RUnlock()
 					if err != nil {
 						report(fmt.Errorf("handle %d g%d round %d Unlock: %v", h, g, r, err))
