@@ -363,6 +363,35 @@ func TestMachineSettleNotStarvedByLaterGiveBacks(t *testing.T) {
 	mustGranted(t, "the settle after both", late)
 }
 
+// A Settle parked behind a give-back still waits, once that is answered, for a
+// serialized call the owner started meanwhile: here an early grant to it.
+func TestMachineSettleAfterGiveBackWaitsForEarlyGrant(t *testing.T) {
+	h := newMH(t)
+	w := h.acquire("L", 1, 0, -1)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+	h.take()
+	h.cancelCtx(w)
+	giveBack := h.take().one(t, scripts.LockReleaseOwner)
+	settled := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
+
+	b := h.acquire("L", 2, 0, -1)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+	h.take()
+	mustGranted(t, "owner 2", b.future)
+	h.acquire("L", 1, 0, -1)
+	h.take()
+	h.unlock("L", 2)
+	handoff := h.take().one(t, scripts.LockHandoff)
+	if !handoff.early {
+		t.Fatal("the handoff to owner 1 is not early")
+	}
+	h.reply(giveBack, replyInt(1), nil)
+	mustPending(t, "the settle while the early handoff to its owner is in flight", settled)
+	h.reply(handoff, replyInt(2), nil)
+	mustGranted(t, "the settle after the handoff's reply", settled)
+}
+
 // With deferGrants (as the Engine runs it), a grant's future completes after the
 // step's effects are carried out (flushGrants), or at the latest when the next
 // message is handled, so a cancellation in that message still finds the grant

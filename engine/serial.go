@@ -131,7 +131,8 @@ func (m *machine) onSettle(msg settleMsg) {
 }
 
 // giveBackDone records the final reply of the owner's give-back seq, and completes
-// the Settles that no earlier give-back holds up any more.
+// the Settles that no earlier give-back holds up any more (or, if the owner has a
+// serialized call in flight by now, parks them behind it).
 func (m *machine) giveBackDone(k holdKey, seq uint64) {
 	inFlight := m.giveBacks[k]
 	for i, s := range inFlight {
@@ -159,8 +160,13 @@ func (m *machine) giveBackDone(k holdKey, seq uint64) {
 			kept = append(kept, p)
 			continue
 		}
-		p.msg.future.Complete(nil)
+		// A serialized call the owner started meanwhile (an early grant to it,
+		// say) is waited for as well.
+		if !m.deferIfBusy(k, p.msg) {
+			p.msg.future.Complete(nil)
+		}
 	}
+	clear(parked[len(kept):])
 	if len(kept) == 0 {
 		delete(m.settling, k)
 	} else {

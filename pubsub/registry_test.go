@@ -91,14 +91,16 @@ func setup(t *testing.T) (*testredis.Server, rueidis.Client, *Registry, *recorde
 
 // subscribe subscribes, retrying while the first connection is still being dialled
 // (Subscribe then answers ErrDisconnected and the channel is subscribed on connect).
-func subscribe(t *testing.T, sub func(context.Context, string) error, name string) {
+// It reports whether it had to retry: the first connection's snapshot then holds
+// the channel, so its reconnect callback is still to come.
+func subscribe(t *testing.T, sub func(context.Context, string) error, name string) (retried bool) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for {
+	for ; ; retried = true {
 		err := sub(ctx, name)
 		if err == nil {
-			return
+			return retried
 		}
 		if !errors.Is(err, ErrDisconnected) {
 			t.Fatalf("subscribe %s: %v", name, err)
@@ -162,7 +164,10 @@ func TestUnsubscribe(t *testing.T) {
 func TestResubscribesAfterConnectionKilled(t *testing.T) {
 	srv, _, reg, rec := setup(t)
 	reg.Start()
-	subscribe(t, reg.Subscribe, t.Name())
+	if subscribe(t, reg.Subscribe, t.Name()) {
+		// The first connection's callback must not pass for the reconnect's.
+		rec.waitFor(t, "the first connection's callback", func(_ []string, n int) bool { return n > 0 })
+	}
 	rec.mu.Lock()
 	before := rec.reconnects
 	rec.mu.Unlock()
