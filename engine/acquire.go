@@ -28,7 +28,8 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 	}
 	key := holdKey{l.id, msg.owner}
 	direct := m.holds[key] != nil || msg.wait == 0
-	if direct && m.deferIfBusy(key, msg) {
+	before := m.waitFrom(&msg.giveBacksBefore)
+	if direct && (m.deferIfBusy(key, msg) || m.deferForGiveBacks(key, msg, before)) {
 		return
 	}
 	w := &waiter{
@@ -116,11 +117,21 @@ func (m *machine) pruneCancelled(l *lockState) {
 	}
 }
 
+// startAttempt starts the head waiter's attempt, as one of its owner's serialized
+// calls: the owner may hold the lock through another waiter of a shared handle, and
+// its attempt (a re-entry then) must not cross the owner's Unlock. While the owner
+// has a serialized call or a give-back in flight the attempt waits (wakePending);
+// markIdle and giveBackDone advance the lock again.
 func (m *machine) startAttempt(l *lockState, now time.Time) {
 	w := l.queue.head
+	l.parked = false
+	if k := (holdKey{l.id, w.owner}); m.ownerBusy(k) || m.givingBack(k) {
+		l.wakePending = true
+		return
+	}
 	l.attempting = w
 	l.wakePending = false
-	l.parked = false
+	m.markBusy(holdKey{l.id, w.owner})
 	m.attempt(w, now)
 }
 
@@ -139,7 +150,7 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 		lock:    w.lock.id,
 		waiter:  w.id,
 		owner:   w.owner,
-		serial:  w.direct,
+		serial:  true, // a direct call, or a queued one made serialized by startAttempt
 	})
 }
 

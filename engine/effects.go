@@ -54,7 +54,9 @@ type scriptCall struct {
 	joining  bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)
 	batch    []uint64 // purposeRenew: hold ids, in KEYS order
 	retried  bool     // this is the one retry after a transport error (releases, leaves, early handoffs)
-	giveBack uint64   // purposeAbandon, purposeLeave: the give-back's sequence number, 0 if none (see onSettle)
+	giveBack uint64   // purposeAbandon, purposeLeave: the give-back's sequence number, 0 if none (see giveback.go)
+	// releaserLost: an early handoff's releasing hold's Lost signal, if asked for.
+	releaserLost *futures.Signal
 	// firstSent: on a retry, when the first try was sent.
 	firstSent time.Time
 	unlock    *futures.Future[error]

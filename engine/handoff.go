@@ -48,6 +48,9 @@ func (m *machine) handoffTarget(l *lockState, h *hold) *waiter {
 	if w == nil || h.count != 1 || l.attempting != nil || l.handingOff || len(l.holders) != 1 || m.cfg.handoffChain <= 0 {
 		return nil
 	}
+	if m.givingBack(holdKey{l.id, w.owner}) {
+		return nil // see giveback.go: a plain release, and its attempt waits
+	}
 	if l.fair != nil && !w.enqueued {
 		// A fair lock hands over only to a waiter in the Redis queue (the script
 		// checks it heads it), so FIFO across processes holds without a bound.
@@ -150,6 +153,7 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	if early {
 		l.handingOff = true
 		call.early = true
+		call.releaserLost = h.lost // grantEarly drops h; a nil reply must close its Lost
 		call.hold = m.grantEarly(l, h, w, now)
 		m.run(call)
 		return
@@ -298,7 +302,11 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		}
 	case d.reply.Nil:
 		// The releasing owner had lost the lock (a force-release; its lease had time
-		// left): nothing was handed over.
+		// left): nothing was handed over. Its hold ended at the grant; its Lost, if
+		// anybody asked for it, closes now.
+		if d.call.releaserLost != nil {
+			d.call.releaserLost.Fire()
+		}
 		d.call.unlock.Complete(errHoldLost)
 		if nh != nil {
 			nh.provisional = false // nothing of its owner's is on the server

@@ -43,19 +43,19 @@ type machine struct {
 	watchdogText string // millis(cfg.watchdog), for every script call of a watchdog hold
 	cfg          config
 
-	locks         map[string]*lockState
-	lockByID      map[uint64]*lockState
-	lockByChannel map[string]*lockState
-	waiters       map[uint64]*waiter  // waiters not yet completed, by id
-	receipts      map[uint64]*receipt // grants whose context is still watched, by waiter id
-	holds         map[holdKey]*hold
-	serial        map[holdKey]*ownerCalls    // owners with a direct acquire or a release in flight
-	freeCalls     []*ownerCalls              // unused ownerCalls, for reuse (see maxFreeCalls)
-	lostHolds     map[holdKey]struct{}       // owners whose last hold was lost, until they Unlock or hold again
-	giveBacks     map[holdKey][]uint64       // owners' give-backs in flight, by sequence number (see onSettle)
-	giveBackSeq   uint64                     // the last give-back's sequence number
-	settling      map[holdKey][]parkedSettle // Settles waiting for the owner's give-backs
-	holdByID      map[uint64]*hold
+	locks          map[string]*lockState
+	lockByID       map[uint64]*lockState
+	lockByChannel  map[string]*lockState
+	waiters        map[uint64]*waiter  // waiters not yet completed, by id
+	receipts       map[uint64]*receipt // grants whose context is still watched, by waiter id
+	holds          map[holdKey]*hold
+	serial         map[holdKey]*ownerCalls // owners with a direct acquire or a release in flight
+	freeCalls      []*ownerCalls           // unused ownerCalls, for reuse (see maxFreeCalls)
+	lostHolds      map[holdKey]struct{}    // owners whose last hold was lost, until they Unlock or hold again
+	giveBacks      map[holdKey][]uint64    // owners' give-backs in flight, by sequence number (see giveback.go)
+	giveBackSeq    uint64                  // the last give-back's sequence number
+	afterGiveBacks map[holdKey][]parkedMsg // requests waiting for the owner's give-backs
+	holdByID       map[uint64]*hold
 
 	nextID        uint64 // ids of locks and holds
 	watchdogHolds int    // holds renewed by the watchdog
@@ -75,19 +75,19 @@ type machine struct {
 
 func newMachine(cfg config) *machine {
 	return &machine{
-		cfg:           cfg,
-		locks:         make(map[string]*lockState),
-		lockByID:      make(map[uint64]*lockState),
-		lockByChannel: make(map[string]*lockState),
-		waiters:       make(map[uint64]*waiter),
-		receipts:      make(map[uint64]*receipt),
-		holds:         make(map[holdKey]*hold),
-		serial:        make(map[holdKey]*ownerCalls),
-		lostHolds:     make(map[holdKey]struct{}),
-		giveBacks:     make(map[holdKey][]uint64),
-		settling:      make(map[holdKey][]parkedSettle),
-		holdByID:      make(map[uint64]*hold),
-		watchdogText:  millis(cfg.watchdog),
+		cfg:            cfg,
+		locks:          make(map[string]*lockState),
+		lockByID:       make(map[uint64]*lockState),
+		lockByChannel:  make(map[string]*lockState),
+		waiters:        make(map[uint64]*waiter),
+		receipts:       make(map[uint64]*receipt),
+		holds:          make(map[holdKey]*hold),
+		serial:         make(map[holdKey]*ownerCalls),
+		lostHolds:      make(map[holdKey]struct{}),
+		giveBacks:      make(map[holdKey][]uint64),
+		afterGiveBacks: make(map[holdKey][]parkedMsg),
+		holdByID:       make(map[uint64]*hold),
+		watchdogText:   millis(cfg.watchdog),
 	}
 }
 
@@ -319,7 +319,7 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		}
 	}
 	if d.call.giveBack != 0 {
-		m.giveBackDone(holdKey{d.call.lock, d.call.owner}, d.call.giveBack)
+		m.giveBackDone(holdKey{d.call.lock, d.call.owner}, d.call.giveBack, now)
 	}
 	switch d.call.purpose {
 	case purposeAttempt:
@@ -409,12 +409,7 @@ func (m *machine) onClose() {
 		return
 	}
 	m.closing = true
-	for k, parked := range m.settling {
-		delete(m.settling, k)
-		for _, p := range parked {
-			p.msg.future.Complete(ErrClosed)
-		}
-	}
+	m.answerParkedOnClose()
 	for _, q := range m.serial {
 		pending := q.pending
 		q.pending = nil

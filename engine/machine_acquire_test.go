@@ -24,7 +24,7 @@ func TestMachineAcquireFreeLock(t *testing.T) {
 		wantSweep bool
 	}{
 		{"watchdog", 0, "30000", 30*time.Second - 500*time.Millisecond, true},
-		{"explicit lease", 5 * time.Second, "5000", 5*time.Second - 100*time.Millisecond, false},
+		{"explicit lease", 5 * time.Second, "5000", 5*time.Second - 250*time.Millisecond, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -293,7 +293,7 @@ func TestMachineSettleWaitsForAbandon(t *testing.T) {
 	mustPending(t, "the owner's settle while its abandon is in flight", settled)
 	h.reply(c, replyInt(1), nil)
 	mustGranted(t, "the owner's settle after the abandon's reply", settled)
-	if n := len(h.m.giveBacks) + len(h.m.settling); n != 0 {
+	if n := len(h.m.giveBacks) + len(h.m.afterGiveBacks); n != 0 {
 		t.Errorf("%d abandon or settle entries left", n)
 	}
 
@@ -329,67 +329,68 @@ func TestMachineSettleWaitsForFairGiveBack(t *testing.T) {
 	mustPending(t, "the owner's settle while its leave is in flight", settled)
 	h.reply(leave, replyInt(2), nil)
 	mustGranted(t, "the owner's settle after the leave's reply", settled)
-	if n := len(h.m.giveBacks) + len(h.m.settling); n != 0 {
+	if n := len(h.m.giveBacks) + len(h.m.afterGiveBacks); n != 0 {
 		t.Errorf("%d give-back or settle entries left", n)
 	}
 }
 
-// A Settle waits only for the give-backs in flight when it came: later ones would
-// let a stream of cancelled grants hold HoldCount up for good.
+// A Settle waits only for the give-backs in flight when it came: later ones could
+// otherwise hold HoldCount up for good.
 func TestMachineSettleNotStarvedByLaterGiveBacks(t *testing.T) {
 	h := newMH(t)
-	cancelledGrant := func() scriptCall {
-		t.Helper()
-		w := h.acquire("L", 1, 0, -1)
-		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
-		h.take()
-		h.cancelCtx(w)
-		return h.take().one(t, scripts.LockReleaseOwner)
-	}
-	first := cancelledGrant()
+	h.grantFresh("L", 1, 0)
+	k := holdKey{h.lockID("L"), 1}
+	first := h.m.startGiveBack(k)
 	settled := futures.New[error]()
 	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
-	second := cancelledGrant()
-	third := cancelledGrant()
+	second, third := h.m.startGiveBack(k), h.m.startGiveBack(k)
 	mustPending(t, "the settle while the first give-back is in flight", settled)
-	h.reply(first, replyInt(1), nil)
+	h.m.giveBackDone(k, first, h.now)
 	mustGranted(t, "the settle once the give-back it came after is answered", settled)
 
 	late := futures.New[error]()
 	h.m.handle(settleMsg{lock: "L", owner: 1, future: late}, h.now)
-	h.reply(third, replyInt(1), nil)
+	h.m.giveBackDone(k, third, h.now)
 	mustPending(t, "a settle behind the second give-back", late)
-	h.reply(second, replyInt(1), nil)
+	h.m.giveBackDone(k, second, h.now)
 	mustGranted(t, "the settle after both", late)
+	if n := len(h.m.giveBacks) + len(h.m.afterGiveBacks); n != 0 {
+		t.Errorf("%d give-back or parked entries left", n)
+	}
 }
 
-// A Settle parked behind a give-back still waits, once that is answered, for a
-// serialized call the owner started meanwhile: here an early grant to it.
-func TestMachineSettleAfterGiveBackWaitsForEarlyGrant(t *testing.T) {
+// No local handoff goes to an owner whose give-back is in flight (the handoff could
+// run first, and the give-back then undo the grant): the lock is released, and the
+// owner's attempt waits for the give-back's reply. Its Unlock and its Settle wait
+// for it too.
+func TestMachineNoHandoffToOwnerGivingBack(t *testing.T) {
 	h := newMH(t)
 	w := h.acquire("L", 1, 0, -1)
 	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
 	h.take()
 	h.cancelCtx(w)
 	giveBack := h.take().one(t, scripts.LockReleaseOwner)
-	settled := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
 
 	b := h.acquire("L", 2, 0, -1)
 	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
 	h.take()
 	mustGranted(t, "owner 2", b.future)
-	h.acquire("L", 1, 0, -1)
+	again := h.acquire("L", 1, 0, -1)
 	h.take()
-	h.unlock("L", 2)
-	handoff := h.take().one(t, scripts.LockHandoff)
-	if !handoff.early {
-		t.Fatal("the handoff to owner 1 is not early")
-	}
+	f := h.unlock("L", 2)
+	release := h.take().one(t, scripts.LockRelease)
+	h.reply(release, replyInt(1), nil)
+	mustGranted(t, "owner 2's unlock", f)
+	h.notice("L")
+	h.take().none(t) // owner 1's attempt waits for its give-back
+	settled := futures.New[error]()
+	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
+	mustPending(t, "owner 1's settle", settled)
+
 	h.reply(giveBack, replyInt(1), nil)
-	mustPending(t, "the settle while the early handoff to its owner is in flight", settled)
-	h.reply(handoff, replyInt(2), nil)
-	mustGranted(t, "the settle after the handoff's reply", settled)
+	mustGranted(t, "owner 1's settle after the give-back", settled)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+	mustGranted(t, "owner 1's Lock", again.future)
 }
 
 // With deferGrants (as the Engine runs it), a grant's future completes after the
@@ -460,10 +461,15 @@ func TestMachineEarlyHandoffRaces(t *testing.T) {
 			t.Fatalf("calls while the handoff is in flight: %v", got)
 		}
 		h.reply(c, replyInt(2), nil)
-		// Redis runs them in this order: the lost grant's count goes, then the
-		// other waiter takes the lock afresh.
-		if got, want := order(h.take()), []string{"release_owner:cid:2/1", "acquire:" + strconv.FormatUint(w2.id, 10)}; !slices.Equal(got, want) {
+		// The lost grant's count goes; the other waiter's attempt waits for that
+		// give-back's reply, then takes the lock afresh.
+		s := h.take()
+		if got, want := order(s), []string{"release_owner:cid:2/1"}; !slices.Equal(got, want) {
 			t.Fatalf("calls after the reply %v, want %v", got, want)
+		}
+		h.reply(s.one(t, scripts.LockReleaseOwner), replyInt(1), nil)
+		if got, want := order(h.take()), []string{"acquire:" + strconv.FormatUint(w2.id, 10)}; !slices.Equal(got, want) {
+			t.Fatalf("calls after the give-back's reply %v, want %v", got, want)
 		}
 	})
 
@@ -485,9 +491,18 @@ func TestMachineEarlyHandoffRaces(t *testing.T) {
 			t.Fatalf("calls while the retry is in flight: %v", got)
 		}
 		h.reply(retry, scripts.Reply{}, errConn)
-		want := []string{"release_owner:cid:1/0", "release_owner:cid:2/1", "acquire:" + strconv.FormatUint(again.id, 10)}
-		if got := order(h.take()); !slices.Equal(got, want) {
-			t.Fatalf("calls after the second failure %v, want %v (both fields go before a new attempt)", got, want)
+		s := h.take()
+		want := []string{"release_owner:cid:1/0", "release_owner:cid:2/1"}
+		if got := order(s); !slices.Equal(got, want) {
+			t.Fatalf("calls after the second failure %v, want %v", got, want)
+		}
+		// Both fields go before a new attempt of owner 1's: it waits for its
+		// give-back's reply.
+		for _, g := range s.calls(scripts.LockReleaseOwner) {
+			h.reply(g, replyInt(1), nil)
+		}
+		if got, want := order(h.take()), []string{"acquire:" + strconv.FormatUint(again.id, 10)}; !slices.Equal(got, want) {
+			t.Fatalf("calls after the give-backs' replies %v, want %v", got, want)
 		}
 	})
 
@@ -543,9 +558,16 @@ func TestMachineEarlyHandoffRacesAgainstModel(t *testing.T) {
 	// finish runs the step after the handoff's reply, answers it, and compares.
 	finish := func(t *testing.T, h *mh, r *memRedis, w2 *tw) {
 		t.Helper()
-		s := h.take()
-		for i, rep := range run(r, s.scripts...) {
-			h.reply(s.scripts[i], rep, nil)
+		// Steps until nothing more is sent: an attempt waits for the give-backs'
+		// replies.
+		for range 4 {
+			s := h.take()
+			if len(s.scripts) == 0 {
+				break
+			}
+			for i, rep := range run(r, s.scripts...) {
+				h.reply(s.scripts[i], rep, nil)
+			}
 		}
 		mustGranted(t, "owner 2's other waiter", w2.future)
 		if hb := h.hold("L", 2); hb == nil || r.holders("L")["cid:2"] != int64(hb.count) {

@@ -202,7 +202,7 @@ func TestMachineExpiry(t *testing.T) {
 		lease    time.Duration
 		deadline time.Duration // after the grant
 	}{
-		{"explicit lease", 5 * time.Second, 5*time.Second - 100*time.Millisecond},
+		{"explicit lease", 5 * time.Second, 5*time.Second - 250*time.Millisecond},
 		{"watchdog without renewal", 0, 30*time.Second - 500*time.Millisecond},
 	}
 	for _, tt := range tests {
@@ -233,7 +233,10 @@ func TestMachineExpiry(t *testing.T) {
 			if h.hold("L", 1) != nil {
 				t.Error("hold kept")
 			}
-			if err := mustGet(t, "unlock", h.unlock("L", 1)); !errors.Is(err, ErrNotHeld) {
+			f := h.unlock("L", 1)
+			mustPending(t, "unlock while the clean-up is in flight", f)
+			h.reply(c, replyInt(1), nil)
+			if err := mustGet(t, "unlock", f); !errors.Is(err, ErrNotHeld) {
 				t.Errorf("unlock after expiry: %v, want ErrNotHeld", err)
 			}
 		})

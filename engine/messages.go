@@ -26,12 +26,16 @@ type (
 		ctx    context.Context
 		stop   func() bool // unregisters the context.AfterFunc that posts cancelMsg; nil if ctx never ends
 		future *futures.Future[error]
+		// giveBacksBefore: the owner's give-backs numbered below it are waited for;
+		// 0 until the request is first handled (see giveback.go).
+		giveBacksBefore uint64
 	}
 	// unlockMsg releases one hold.
 	unlockMsg struct {
-		lock   string
-		owner  uint64
-		future *futures.Future[error]
+		lock            string
+		owner           uint64
+		future          *futures.Future[error]
+		giveBacksBefore uint64 // see acquireMsg
 	}
 	// forceUnlockMsg deletes a lock whoever holds it.
 	forceUnlockMsg struct {
@@ -47,11 +51,13 @@ type (
 	}
 	// closeMsg starts the engine's shutdown.
 	closeMsg struct{}
-	// settleMsg: complete future once owner has no serialized call on lock in flight.
+	// settleMsg: complete future once owner has no serialized call on lock in
+	// flight, nor a give-back that was in flight when it came.
 	settleMsg struct {
-		lock   string
-		owner  uint64
-		future *futures.Future[error]
+		lock            string
+		owner           uint64
+		future          *futures.Future[error]
+		giveBacksBefore uint64 // see acquireMsg
 	}
 	// statsMsg asks for a snapshot of the engine's counters.
 	statsMsg struct{ future *futures.Future[Stats] }

@@ -13,10 +13,10 @@ import "time"
 // (Unlock, handoff) are serialized: while one is in flight, the owner's next such
 // request waits here, in order, and is handled when the reply has been.
 //
-// Queued attempts need no such care: an owner in the queue holds nothing, and its
-// queued attempt is its only call. (A fair lock's queued waiter whose handle came
-// to hold the lock meanwhile re-enters as a serialized call: see fairReenter; and
-// no fair waiter joins while its owner has a serialized call in flight.)
+// Queued attempts are serialized too: a handle shared by goroutines may hold the
+// lock through one goroutine while another's Lock waits in the queue, and that
+// waiter's attempt is then a re-entry of the same field (startAttempt; for a fair
+// lock, fairAdvance and fairReenter).
 
 // maxFreeCalls bounds machine.freeCalls, the ownerCalls kept for reuse: one per
 // Unlock otherwise.
@@ -69,8 +69,8 @@ func (m *machine) markIdle(k holdKey, now time.Time) {
 		q.pending = q.pending[1:]
 		m.handle(msg, now)
 	}
-	if l := m.lockByID[k.lock]; !q.active && l != nil && l.fair != nil && l.queue.head != nil {
-		m.advance(l, now) // a fair waiter of the owner's may wait for it to be idle (fairAdvance)
+	if l := m.lockByID[k.lock]; !q.active && l != nil && l.queue.head != nil {
+		m.advance(l, now) // a waiter of the owner's may wait for it to be idle (fairAdvance, startAttempt)
 	}
 	if !q.active && len(q.pending) == 0 {
 		delete(m.serial, k)
@@ -87,26 +87,6 @@ func (m *machine) ownerBusy(k holdKey) bool {
 	return q != nil && q.active
 }
 
-// A give-back is an owner-guarded release of a grant the owner never received: an
-// abandon (a grant that came after its Lock's context ended, or the clean-up of a
-// lost hold), or a fair leave that may find a direct grant it did not hear of.
-// Until its reply, Redis still counts that grant, which HoldCount would report, so
-// Settle waits for the give-backs in flight when it arrives (not for later ones,
-// which would let a stream of them starve it).
-
-// parkedSettle is a Settle waiting for the owner's give-backs up to upTo.
-type parkedSettle struct {
-	msg  settleMsg
-	upTo uint64
-}
-
-// startGiveBack records a give-back of the owner's and returns its sequence number.
-func (m *machine) startGiveBack(k holdKey) uint64 {
-	m.giveBackSeq++
-	m.giveBacks[k] = append(m.giveBacks[k], m.giveBackSeq)
-	return m.giveBackSeq
-}
-
 // onSettle completes a Settle once the owner has no serialized call in flight, and
 // none of its give-backs then in flight is still unanswered.
 func (m *machine) onSettle(msg settleMsg) {
@@ -120,56 +100,9 @@ func (m *machine) onSettle(msg settleMsg) {
 		return
 	}
 	k := holdKey{l.id, msg.owner}
-	if m.deferIfBusy(k, msg) {
-		return
-	}
-	if len(m.giveBacks[k]) > 0 {
-		m.settling[k] = append(m.settling[k], parkedSettle{msg: msg, upTo: m.giveBackSeq})
+	before := m.waitFrom(&msg.giveBacksBefore)
+	if m.deferIfBusy(k, msg) || m.deferForGiveBacks(k, msg, before) {
 		return
 	}
 	msg.future.Complete(nil)
-}
-
-// giveBackDone records the final reply of the owner's give-back seq, and completes
-// the Settles that no earlier give-back holds up any more (or, if the owner has a
-// serialized call in flight by now, parks them behind it).
-func (m *machine) giveBackDone(k holdKey, seq uint64) {
-	inFlight := m.giveBacks[k]
-	for i, s := range inFlight {
-		if s == seq {
-			inFlight = append(inFlight[:i], inFlight[i+1:]...)
-			break
-		}
-	}
-	if len(inFlight) == 0 {
-		delete(m.giveBacks, k)
-	} else {
-		m.giveBacks[k] = inFlight
-	}
-	parked := m.settling[k]
-	if len(parked) == 0 {
-		return
-	}
-	oldest := uint64(0) // the oldest give-back still in flight; 0: none
-	if len(inFlight) > 0 {
-		oldest = inFlight[0]
-	}
-	kept := parked[:0]
-	for _, p := range parked {
-		if oldest != 0 && oldest <= p.upTo {
-			kept = append(kept, p)
-			continue
-		}
-		// A serialized call the owner started meanwhile (an early grant to it,
-		// say) is waited for as well.
-		if !m.deferIfBusy(k, p.msg) {
-			p.msg.future.Complete(nil)
-		}
-	}
-	clear(parked[len(kept):])
-	if len(kept) == 0 {
-		delete(m.settling, k)
-	} else {
-		m.settling[k] = kept
-	}
 }

@@ -19,7 +19,8 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	l := m.locks[msg.lock]
 	if l != nil {
 		key := holdKey{l.id, msg.owner}
-		if m.deferIfBusy(key, msg) {
+		before := m.waitFrom(&msg.giveBacksBefore)
+		if m.deferIfBusy(key, msg) || m.deferForGiveBacks(key, msg, before) {
 			return
 		}
 		h = m.holds[key]

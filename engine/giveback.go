@@ -1,0 +1,118 @@
+package engine
+
+import "time"
+
+// Give-backs.
+//
+// A give-back is an owner-guarded release of a grant the owner never received: an
+// abandon (a grant that came after its Lock's context ended, or the clean-up of a
+// lost hold), or a fair leave that may find a direct grant it did not hear of. It
+// is not one of the owner's serialized calls: it is sent when the engine learns
+// the grant has nobody to receive it, whatever else the owner does.
+//
+// Until its reply Redis still counts that grant, and a call of the same owner's
+// sent meanwhile may run first: an Unlock would then find one count more than the
+// engine knows of (a handoff would not hand over, yet the receiver was granted
+// early), and a new grant to the owner would be undone by the give-back's release.
+// So, while an owner has give-backs in flight:
+//   - its Unlock, direct acquire (re-entry, single try) and Settle wait for the
+//     give-backs that were in flight when they came (not for later ones, which
+//     would let a stream of them starve the caller);
+//   - its queued attempt waits (startAttempt), and no local handoff goes to it
+//     (handoffTarget); a fair lock's owner counts as leaving instead (see
+//     addLeaving), which keeps its attempts and grants back in the same way.
+
+// parkedMsg is a request waiting for the owner's give-backs numbered below before.
+type parkedMsg struct {
+	msg    message
+	before uint64
+}
+
+// startGiveBack records a give-back of the owner's and returns its sequence number.
+func (m *machine) startGiveBack(k holdKey) uint64 {
+	m.giveBackSeq++
+	m.giveBacks[k] = append(m.giveBacks[k], m.giveBackSeq)
+	return m.giveBackSeq
+}
+
+// givingBack reports whether the owner has a give-back in flight.
+func (m *machine) givingBack(k holdKey) bool { return len(m.giveBacks[k]) > 0 }
+
+// waitFrom returns the bound a request's give-back wait uses (see
+// deferForGiveBacks): *before as set at its first handling, or, when unset, one
+// past the last give-back now, which it is then set to.
+func (m *machine) waitFrom(before *uint64) uint64 {
+	if *before == 0 {
+		*before = m.giveBackSeq + 1
+	}
+	return *before
+}
+
+// deferForGiveBacks parks msg until none of the owner's give-backs numbered below
+// before is in flight, and reports whether it did. A request's bound is set when it
+// is first handled (waitFrom), so that it waits for no give-back that started
+// after it came.
+func (m *machine) deferForGiveBacks(k holdKey, msg message, before uint64) bool {
+	inFlight := m.giveBacks[k]
+	if len(inFlight) == 0 || inFlight[0] >= before {
+		return false
+	}
+	m.afterGiveBacks[k] = append(m.afterGiveBacks[k], parkedMsg{msg: msg, before: before})
+	return true
+}
+
+// giveBackDone records the final reply of the owner's give-back seq, hands the
+// requests that no earlier give-back holds up any more back to handle, and lets a
+// queued attempt of the owner's go once none is left.
+func (m *machine) giveBackDone(k holdKey, seq uint64, now time.Time) {
+	inFlight := m.giveBacks[k]
+	for i, s := range inFlight {
+		if s == seq {
+			inFlight = append(inFlight[:i], inFlight[i+1:]...)
+			break
+		}
+	}
+	if len(inFlight) == 0 {
+		delete(m.giveBacks, k)
+	} else {
+		m.giveBacks[k] = inFlight
+	}
+	if parked := m.afterGiveBacks[k]; len(parked) > 0 {
+		oldest := uint64(0) // the oldest give-back still in flight; 0: none
+		if len(inFlight) > 0 {
+			oldest = inFlight[0]
+		}
+		var due []message
+		kept := parked[:0]
+		for _, p := range parked {
+			if oldest != 0 && oldest < p.before {
+				kept = append(kept, p)
+			} else {
+				due = append(due, p.msg)
+			}
+		}
+		clear(parked[len(kept):])
+		if len(kept) == 0 {
+			delete(m.afterGiveBacks, k)
+		} else {
+			m.afterGiveBacks[k] = kept
+		}
+		for _, msg := range due {
+			m.handle(msg, now) // in arrival order; each checks the owner's state again
+		}
+	}
+	if l := m.lockByID[k.lock]; len(inFlight) == 0 && l != nil && l.fair == nil && l.queue.head != nil {
+		m.advance(l, now) // a queued attempt of the owner's may have waited (startAttempt)
+	}
+}
+
+// answerParkedOnClose hands every request still waiting for give-backs to handle,
+// which answers it ErrClosed (Close's releases are on their way).
+func (m *machine) answerParkedOnClose() {
+	for k, parked := range m.afterGiveBacks {
+		delete(m.afterGiveBacks, k)
+		for _, p := range parked {
+			m.handle(p.msg, m.now)
+		}
+	}
+}
