@@ -27,9 +27,9 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 		return
 	}
 	key := holdKey{l.id, msg.owner}
+	delete(m.parkedAcquires, msg.id) // handled now, if it waited (see parkAcquire)
 	direct := m.holds[key] != nil || msg.wait == 0
-	before := m.waitFrom(&msg.giveBacksBefore)
-	if direct && (m.deferIfBusy(key, msg) || m.deferForGiveBacks(key, msg, before)) {
+	if direct && m.parkAcquire(key, msg) {
 		return
 	}
 	w := &waiter{
@@ -484,6 +484,9 @@ func (m *machine) onCancel(msg cancelMsg, now time.Time) {
 		m.finish(w, msg.err)
 		m.advance(l, now)
 		m.maybeForget(l)
+		return
+	}
+	if m.cancelParked(msg) {
 		return
 	}
 	r := m.receipts[msg.id]

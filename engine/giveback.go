@@ -1,6 +1,9 @@
 package engine
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Give-backs.
 //
@@ -115,4 +118,54 @@ func (m *machine) answerParkedOnClose() {
 			m.handle(p.msg, m.now)
 		}
 	}
+}
+
+// parkAcquire parks a direct acquire (re-entry, single try) behind the owner's
+// serialized call or give-backs in flight, as for any request of the owner's, and
+// remembers where, so that its cancellation can answer it (cancelParked).
+func (m *machine) parkAcquire(k holdKey, msg acquireMsg) bool {
+	if m.deferIfBusy(k, msg) {
+		m.parkedAcquires[msg.id] = k
+		return true
+	}
+	if m.deferForGiveBacks(k, msg, m.waitFrom(&msg.giveBacksBefore)) {
+		m.parkedAcquires[msg.id] = k
+		return true
+	}
+	return false
+}
+
+// cancelParked answers a parked acquire whose context ended with that error, and
+// reports whether msg was for one: it is not a waiter yet, and its caller waits
+// for the answer.
+func (m *machine) cancelParked(msg cancelMsg) bool {
+	k, ok := m.parkedAcquires[msg.id]
+	if !ok {
+		return false
+	}
+	delete(m.parkedAcquires, msg.id)
+	isIt := func(x message) bool {
+		a, ok := x.(acquireMsg)
+		return ok && a.id == msg.id
+	}
+	var found message
+	if q := m.serial[k]; q != nil {
+		if i := slices.IndexFunc(q.pending, isIt); i >= 0 {
+			found = q.pending[i]
+			q.pending = slices.Delete(q.pending, i, i+1)
+		}
+	}
+	if parked := m.afterGiveBacks[k]; found == nil {
+		if i := slices.IndexFunc(parked, func(p parkedMsg) bool { return isIt(p.msg) }); i >= 0 {
+			found = parked[i].msg
+			m.afterGiveBacks[k] = slices.Delete(parked, i, i+1)
+			if len(m.afterGiveBacks[k]) == 0 {
+				delete(m.afterGiveBacks, k)
+			}
+		}
+	}
+	if a, ok := found.(acquireMsg); ok {
+		m.complete(a.future, a.stop, msg.err)
+	}
+	return true
 }

@@ -279,7 +279,10 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 	case d.err != nil:
 		// Twice a transport error (see retryOnce): either field may be on the server.
 		// The releasing owner's goes (its Unlock reports the error), and so does the
-		// new hold, whose Lost closes.
+		// new hold, whose Lost closes, and so does the releasing hold's.
+		if d.call.releaserLost != nil {
+			d.call.releaserLost.Fire()
+		}
 		d.call.unlock.Complete(d.err)
 		if l != nil {
 			m.abandon(l, d.call.owner, 0)

@@ -55,6 +55,7 @@ type machine struct {
 	giveBacks      map[holdKey][]uint64    // owners' give-backs in flight, by sequence number (see giveback.go)
 	giveBackSeq    uint64                  // the last give-back's sequence number
 	afterGiveBacks map[holdKey][]parkedMsg // requests waiting for the owner's give-backs
+	parkedAcquires map[uint64]holdKey      // direct acquires parked in either place, by waiter id (see parkAcquire)
 	holdByID       map[uint64]*hold
 
 	nextID        uint64 // ids of locks and holds
@@ -86,6 +87,7 @@ func newMachine(cfg config) *machine {
 		lostHolds:      make(map[holdKey]struct{}),
 		giveBacks:      make(map[holdKey][]uint64),
 		afterGiveBacks: make(map[holdKey][]parkedMsg),
+		parkedAcquires: make(map[uint64]holdKey),
 		holdByID:       make(map[uint64]*hold),
 		watchdogText:   millis(cfg.watchdog),
 	}

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strconv"
@@ -393,6 +394,43 @@ func TestMachineNoHandoffToOwnerGivingBack(t *testing.T) {
 	mustGranted(t, "owner 1's Lock", again.future)
 }
 
+// A request parked behind its owner's serialized call waits, once handled again,
+// for the give-backs that started meanwhile: its bound is set when it gets past
+// the serialized call, not when it first came.
+func TestMachineGiveBackBoundAfterSerializedCall(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	k := holdKey{h.lockID("L"), 1}
+	h.m.markBusy(k) // a serialized call of owner 1's in flight
+	f := h.unlock("L", 1)
+	h.take().none(t)
+	seq := h.m.startGiveBack(k) // a give-back sent while the Unlock waits
+	h.m.markIdle(k, h.now)
+	if s := h.take(); len(s.scripts) != 0 {
+		t.Fatalf("the Unlock went out before the give-back's reply: %v", s.scripts[0].script)
+	}
+	h.m.giveBackDone(k, seq, h.now)
+	h.reply(h.take().one(t, scripts.LockRelease), replyInt(1), nil)
+	mustGranted(t, "unlock", f)
+}
+
+// A direct acquire parked behind its owner's call is answered when its context
+// ends: it is no waiter yet, and its caller waits for the answer.
+func TestMachineParkedDirectAcquireCancelled(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	h.m.markBusy(holdKey{h.lockID("L"), 1})
+	w := h.acquire("L", 1, 0, -1) // a re-entry
+	h.take().none(t)
+	h.cancelCtx(w)
+	if err := mustGet(t, "the parked re-entry", w.future); err != context.Canceled {
+		t.Fatalf("got %v, want context.Canceled", err)
+	}
+	if len(h.m.parkedAcquires) != 0 || len(h.m.serial[holdKey{h.lockID("L"), 1}].pending) != 0 {
+		t.Error("the cancelled re-entry is still parked")
+	}
+}
+
 // With deferGrants (as the Engine runs it), a grant's future completes after the
 // step's effects are carried out (flushGrants), or at the latest when the next
 // message is handled, so a cancellation in that message still finds the grant
@@ -479,6 +517,7 @@ func TestMachineEarlyHandoffRaces(t *testing.T) {
 		h.acquire("L", 2, 5*time.Second, -1)
 		h.take()
 		h.now = h.now.Add(500 * time.Millisecond)
+		releaserLost := h.hold("L", 1).lostSignal().C()
 		h.unlock("L", a.owner)
 		c := h.take().one(t, scripts.LockHandoff)
 		again := h.acquire("L", 1, 5*time.Second, -1)
@@ -491,6 +530,7 @@ func TestMachineEarlyHandoffRaces(t *testing.T) {
 			t.Fatalf("calls while the retry is in flight: %v", got)
 		}
 		h.reply(retry, scripts.Reply{}, errConn)
+		mustFired(t, "the releasing hold's Lost (its field is abandoned)", releaserLost)
 		s := h.take()
 		want := []string{"release_owner:cid:1/0", "release_owner:cid:2/1"}
 		if got := order(s); !slices.Equal(got, want) {

@@ -100,8 +100,7 @@ func (m *machine) onSettle(msg settleMsg) {
 		return
 	}
 	k := holdKey{l.id, msg.owner}
-	before := m.waitFrom(&msg.giveBacksBefore)
-	if m.deferIfBusy(k, msg) || m.deferForGiveBacks(k, msg, before) {
+	if m.deferIfBusy(k, msg) || m.deferForGiveBacks(k, msg, m.waitFrom(&msg.giveBacksBefore)) {
 		return
 	}
 	msg.future.Complete(nil)

@@ -19,11 +19,14 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	l := m.locks[msg.lock]
 	if l != nil {
 		key := holdKey{l.id, msg.owner}
-		before := m.waitFrom(&msg.giveBacksBefore)
-		if m.deferIfBusy(key, msg) || m.deferForGiveBacks(key, msg, before) {
+		if m.deferIfBusy(key, msg) {
 			return
 		}
 		h = m.holds[key]
+		// With no hold there is nothing to release: the answer needs no give-back.
+		if h != nil && m.deferForGiveBacks(key, msg, m.waitFrom(&msg.giveBacksBefore)) {
+			return
+		}
 	}
 	if h == nil {
 		err := ErrNotHeld

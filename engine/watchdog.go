@@ -12,11 +12,11 @@ import (
 
 // expiryMargin is how long before expiresAt a hold is declared lost, so Lost closes
 // before the lease could have run out on the server even if the wheel fires late
-// and the loop is slow to get to it: 5% of the lease, at least 10 ms and at most
-// 500 ms. (At 2 ms, a loaded 2-core machine closed Lost after the server's expiry
-// in a few of a hundred short leases.)
+// and the loop is slow to get to it: 5% of the lease, at least 10 ms, at most
+// 500 ms and at most half the lease. (At 2 ms, a loaded 2-core machine closed Lost
+// after the server's expiry in a few of a hundred short leases.)
 func expiryMargin(lease time.Duration) time.Duration {
-	return min(max(lease/20, 10*time.Millisecond), 500*time.Millisecond)
+	return min(max(lease/20, 10*time.Millisecond), 500*time.Millisecond, lease/2)
 }
 
 // armSweep arms the watchdog sweep while any hold is renewed by it. One wheel entry
