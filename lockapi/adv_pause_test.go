@@ -105,13 +105,7 @@ func TestAdvMutexRedisPausedMidContention(t *testing.T) {
 	close(stop)
 	stressWait(t, &wg, 30*time.Second, "the goroutines")
 	tr.check(t)
-	for i, c := range cs {
-		eventually(t, 10*time.Second, fmt.Sprintf("client %d to settle", i), func() bool {
-			s := stats(t, c)
-			return s.Waiters == 0 && s.Holds == 0
-		})
-	}
-	eventually(t, 10*time.Second, "the lock to go", func() bool { return do(t, srv, "EXISTS", name) == "0" })
+	mutexSettled(t, srv, name, cs...)
 	t.Logf("%d acquisitions in all; %d holds lost; %d overlaps with a lost holder", func() (n int64) {
 		for g := range goroutines {
 			n += acquired[g].Load()

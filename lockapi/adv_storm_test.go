@@ -63,13 +63,7 @@ func (tr *advTracker) check(t *testing.T) {
 	t.Helper()
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	for i, p := range tr.problems {
-		if i == 15 {
-			t.Errorf("... %d problems in all", len(tr.problems))
-			break
-		}
-		t.Error(p)
-	}
+	reportProblems(t, tr.problems, 15)
 }
 
 // advHashFields returns the lock hash's fields.
@@ -220,13 +214,7 @@ func testAdvSharedStorm(t *testing.T, nclients int) {
 	close(stop)
 	stressWait(t, &wg, 30*time.Second, "the goroutines")
 	tr.check(t)
-	for i, c := range cs {
-		eventually(t, 10*time.Second, fmt.Sprintf("client %d to settle", i), func() bool {
-			s := stats(t, c)
-			return s.Waiters == 0 && s.Holds == 0
-		})
-	}
-	eventually(t, 10*time.Second, "the lock to go", func() bool { return do(t, srv, "EXISTS", name) == "0" })
+	mutexSettled(t, srv, name, cs...)
 	var early uint64
 	for _, c := range cs {
 		early += stats(t, c).EarlyGrants

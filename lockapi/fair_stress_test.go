@@ -138,9 +138,15 @@ func (tr *stressTracker) check(t *testing.T) {
 	t.Helper()
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	for i, p := range tr.problems {
-		if i == 10 {
-			t.Errorf("... %d problems in all", len(tr.problems))
+	reportProblems(t, tr.problems, 10)
+}
+
+// reportProblems fails the test with the first max problems and their number.
+func reportProblems(t *testing.T, problems []string, max int) {
+	t.Helper()
+	for i, p := range problems {
+		if i == max {
+			t.Errorf("... %d problems in all", len(problems))
 			break
 		}
 		t.Error(p)
@@ -213,12 +219,7 @@ func stressWait(t *testing.T, wg *sync.WaitGroup, d time.Duration, what string) 
 // lock's three keys are gone.
 func stressSettled(t *testing.T, srv *testredis.Server, name string, cs ...*lockapi.Client) {
 	t.Helper()
-	for i, c := range cs {
-		eventually(t, 10*time.Second, fmt.Sprintf("client %d to settle", i), func() bool {
-			s := stats(t, c)
-			return s.Waiters == 0 && s.Holds == 0
-		})
-	}
+	clientsSettled(t, cs...)
 	// Past the deadline the condition holds, and fairMustBeClean reports what is left.
 	deadline := time.Now().Add(10 * time.Second)
 	eventually(t, 15*time.Second, "the lock's keys to go", func() bool {

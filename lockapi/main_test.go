@@ -3,6 +3,7 @@ package lockapi_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,22 @@ func freeze(t *testing.T, srv *testredis.Server) (pausedAt time.Time, resume fun
 			t.Fatal(err)
 		}
 	}
+}
+
+// clientsSettled waits until every client has no waiter and no hold.
+func clientsSettled(t *testing.T, cs ...*lockapi.Client) {
+	t.Helper()
+	for i, c := range cs {
+		eventually(t, 10*time.Second, fmt.Sprintf("client %d to settle", i), func() bool {
+			s := stats(t, c)
+			return s.Waiters == 0 && s.Holds == 0
+		})
+	}
+}
+
+// mutexSettled waits until every client has settled and the Mutex's key is gone.
+func mutexSettled(t *testing.T, srv *testredis.Server, name string, cs ...*lockapi.Client) {
+	t.Helper()
+	clientsSettled(t, cs...)
+	eventually(t, 10*time.Second, "the lock to go", func() bool { return do(t, srv, "EXISTS", name) == "0" })
 }

@@ -148,15 +148,9 @@ func testSharedHandleHoldCount(t *testing.T, fair bool) {
 			t.Errorf("handle %d: only %d HoldCount checks", h, handles[h].checks)
 		}
 	}
-	for i, c := range clients {
-		eventually(t, 10*time.Second, fmt.Sprintf("client %d to settle", i), func() bool {
-			s := stats(t, c)
-			return s.Waiters == 0 && s.Holds == 0
-		})
-	}
 	if fair {
 		stressSettled(t, srv, name, clients...)
 		return
 	}
-	eventually(t, 10*time.Second, "the lock to go", func() bool { return do(t, srv, "EXISTS", name) == "0" })
+	mutexSettled(t, srv, name, clients...)
 }
