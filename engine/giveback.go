@@ -19,8 +19,10 @@ import (
 // early), and a new grant to the owner would be undone by the give-back's release.
 // So, while an owner has give-backs in flight:
 //   - its Unlock, direct acquire (re-entry, single try) and Settle wait for the
-//     give-backs that were in flight when they came (not for later ones, which
-//     would let a stream of them starve the caller);
+//     give-backs in flight when they got past the owner's serialized call, if any
+//     (not for later ones, which would let a stream of them starve the caller); an
+//     Unlock with no hold to release answers at once, and a waiting direct
+//     acquire is answered when its context ends (cancelParked);
 //   - its queued attempt waits (startAttempt), and no local handoff goes to it
 //     (handoffTarget); a fair lock's owner counts as leaving instead (see
 //     addLeaving), which keeps its attempts and grants back in the same way.
@@ -52,9 +54,9 @@ func (m *machine) waitFrom(before *uint64) uint64 {
 }
 
 // deferForGiveBacks parks msg until none of the owner's give-backs numbered below
-// before is in flight, and reports whether it did. A request's bound is set when it
-// is first handled (waitFrom), so that it waits for no give-back that started
-// after it came.
+// before is in flight, and reports whether it did. A request's bound is set once it
+// gets past the owner's serialized call (waitFrom), so that it waits for every
+// give-back sent before then and for none sent after.
 func (m *machine) deferForGiveBacks(k holdKey, msg message, before uint64) bool {
 	inFlight := m.giveBacks[k]
 	if len(inFlight) == 0 || inFlight[0] >= before {
