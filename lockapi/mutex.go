@@ -74,8 +74,11 @@ func failed(err error) <-chan error {
 // Lock waits for the lock until ctx ends. It returns nil when held, ctx's error
 // (unchanged) when ctx ended first, or another error as Acquire's channel carries.
 // If ctx ends just as the lock is granted, Lock may return nil: then it holds the
-// lock. Lock registers nothing on ctx (see engine.AcquireWait), which makes it
-// cheaper than receiving from Acquire.
+// lock. If ctx ends while this waiter's script call is at the server, Lock returns
+// once that call is answered (within OpTimeout), so that a grant it made is never
+// left held by nobody; with a stalled server that is later than ctx's end. Lock
+// registers nothing on ctx (see engine.AcquireWait), which makes it cheaper than
+// receiving from Acquire.
 func (m *Mutex) Lock(ctx context.Context, opts ...AcquireOption) error {
 	req, err := m.request(ctx, opts)
 	if err != nil {
