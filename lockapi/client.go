@@ -135,8 +135,9 @@ func (c *Client) FairMutex(name string) *Mutex {
 // CloseTimeout), fails pending Acquire calls with ErrClosed, closes the Lost
 // channel of every held handle, and returns once every goroutine the client started
 // has ended. Script calls already at the server when Close starts are waited for
-// too: against a stalled server that can take up to about twice OpTimeout (a call
-// and its one retry) beyond CloseTimeout. It closes the rueidis client only if New
+// too: against a stalled server each is bounded by OpTimeout, and a transport
+// error is retried once, so Close can then take a few OpTimeouts longer than
+// CloseTimeout. It closes the rueidis client only if New
 // created it. It is idempotent and always returns nil; the error is there for
 // io.Closer.
 func (c *Client) Close() error {
