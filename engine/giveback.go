@@ -130,7 +130,8 @@ func (m *machine) parkAcquire(k holdKey, msg acquireMsg) bool {
 		m.parkedAcquires[msg.id] = k
 		return true
 	}
-	if m.deferForGiveBacks(k, msg, m.waitFrom(&msg.giveBacksBefore)) {
+	before := m.waitFrom(&msg.giveBacksBefore) // set before msg is copied into a parked entry
+	if m.deferForGiveBacks(k, msg, before) {
 		m.parkedAcquires[msg.id] = k
 		return true
 	}

@@ -100,7 +100,11 @@ func (m *machine) onSettle(msg settleMsg) {
 		return
 	}
 	k := holdKey{l.id, msg.owner}
-	if m.deferIfBusy(k, msg) || m.deferForGiveBacks(k, msg, m.waitFrom(&msg.giveBacksBefore)) {
+	if m.deferIfBusy(k, msg) {
+		return
+	}
+	before := m.waitFrom(&msg.giveBacksBefore) // set before msg is copied into a parked entry
+	if m.deferForGiveBacks(k, msg, before) {
 		return
 	}
 	msg.future.Complete(nil)

@@ -24,8 +24,11 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		}
 		h = m.holds[key]
 		// With no hold there is nothing to release: the answer needs no give-back.
-		if h != nil && m.deferForGiveBacks(key, msg, m.waitFrom(&msg.giveBacksBefore)) {
-			return
+		if h != nil {
+			before := m.waitFrom(&msg.giveBacksBefore) // set before msg is copied into a parked entry
+			if m.deferForGiveBacks(key, msg, before) {
+				return
+			}
 		}
 	}
 	if h == nil {
