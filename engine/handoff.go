@@ -243,7 +243,7 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		if h != nil && h.count > 1 {
 			h.count--
 		} else if h != nil {
-			m.dropLastCount(h)
+			m.dropSurplus(h)
 		}
 		d.call.unlock.Complete(nil)
 		m.handoffRefused(w)

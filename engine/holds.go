@@ -166,26 +166,14 @@ func (m *machine) dropHold(h *hold) {
 
 // dropSurplus ends a hold whose last local count was released while the server
 // still counts more: an acquire whose reply was lost to a transport error may have
-// run, and its retry then counted twice. Nobody owns the surplus, so it goes.
+// run, and its retry then counted twice. Nobody owns the surplus, so it goes. (No
+// attempt of the same owner can be the extra count: the owner's attempts and
+// releases are serialized, see serial.go, and its give-backs go first, see
+// giveback.go.)
 func (m *machine) dropSurplus(h *hold) {
 	l := h.lock
 	m.dropHold(h)
 	m.abandon(l, h.owner, 0)
-}
-
-// dropLastCount ends h, whose last local count was released while the server
-// still counts more (reply 0). When a queued attempt of the same owner is in
-// flight (a fair waiter whose handle came to hold the lock meanwhile: see
-// ownerEntryTaken), the extra count is most likely that attempt's re-entry, which
-// Redis ran first: its reply brings the count back. Otherwise it is a surplus.
-func (m *machine) dropLastCount(h *hold) {
-	for w := h.lock.queue.head; w != nil; w = w.next {
-		if w.owner == h.owner && w.attempting {
-			m.dropHold(h)
-			return
-		}
-	}
-	m.dropSurplus(h)
 }
 
 // releaseOne gives back one count of h: a grant nobody received.

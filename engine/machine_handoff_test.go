@@ -266,10 +266,8 @@ func TestMachineSettleWaitsForEarlyHandoff(t *testing.T) {
 	h.unlock("L", a.owner)
 	c := h.take().one(t, scripts.LockHandoff)
 
-	settled := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 2, future: settled}, h.now)
-	other := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 3, future: other}, h.now)
+	settled := h.settle("L", 2)
+	other := h.settle("L", 3)
 	mustGranted(t, "another owner's settle", other)
 	mustPending(t, "the receiver's settle while the handoff is in flight", settled)
 	h.reply(c, replyInt(2), nil)
@@ -286,10 +284,8 @@ func TestMachineSettleWaitsForAbandon(t *testing.T) {
 	h.cancelCtx(w)
 	c := h.take().one(t, scripts.LockReleaseOwner)
 
-	settled := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
-	other := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 2, future: other}, h.now)
+	settled := h.settle("L", 1)
+	other := h.settle("L", 2)
 	mustGranted(t, "another owner's settle", other)
 	mustPending(t, "the owner's settle while its abandon is in flight", settled)
 	h.reply(c, replyInt(1), nil)
@@ -304,8 +300,7 @@ func TestMachineSettleWaitsForAbandon(t *testing.T) {
 	h.take()
 	h.cancelCtx(w)
 	h.take().one(t, scripts.LockReleaseOwner)
-	waiting := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 1, future: waiting}, h.now)
+	waiting := h.settle("L", 1)
 	mustPending(t, "settle behind the abandon", waiting)
 	h.m.handle(closeMsg{}, h.now)
 	if err := mustGet(t, "waiting settle at Close", waiting); !errors.Is(err, ErrClosed) {
@@ -325,8 +320,7 @@ func TestMachineSettleWaitsForFairGiveBack(t *testing.T) {
 	if leave.args[4] != "1" {
 		t.Fatalf("leave args %v: want one that gives back an unheard grant", leave.args)
 	}
-	settled := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
+	settled := h.settle("L", 1)
 	mustPending(t, "the owner's settle while its leave is in flight", settled)
 	h.reply(leave, replyInt(2), nil)
 	mustGranted(t, "the owner's settle after the leave's reply", settled)
@@ -342,15 +336,13 @@ func TestMachineSettleNotStarvedByLaterGiveBacks(t *testing.T) {
 	h.grantFresh("L", 1, 0)
 	k := holdKey{h.lockID("L"), 1}
 	first := h.m.startGiveBack(k)
-	settled := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
+	settled := h.settle("L", 1)
 	second, third := h.m.startGiveBack(k), h.m.startGiveBack(k)
 	mustPending(t, "the settle while the first give-back is in flight", settled)
 	h.m.giveBackDone(k, first, h.now)
 	mustGranted(t, "the settle once the give-back it came after is answered", settled)
 
-	late := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 1, future: late}, h.now)
+	late := h.settle("L", 1)
 	h.m.giveBackDone(k, third, h.now)
 	mustPending(t, "a settle behind the second give-back", late)
 	h.m.giveBackDone(k, second, h.now)
@@ -384,8 +376,7 @@ func TestMachineNoHandoffToOwnerGivingBack(t *testing.T) {
 	mustGranted(t, "owner 2's unlock", f)
 	h.notice("L")
 	h.take().none(t) // owner 1's attempt waits for its give-back
-	settled := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 1, future: settled}, h.now)
+	settled := h.settle("L", 1)
 	mustPending(t, "owner 1's settle", settled)
 
 	h.reply(giveBack, replyInt(1), nil)
@@ -655,15 +646,13 @@ func TestMachineSettleOnClose(t *testing.T) {
 	h.take()
 	h.unlock("L", a.owner)
 	h.take().one(t, scripts.LockHandoff)
-	waiting := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 2, future: waiting}, h.now)
+	waiting := h.settle("L", 2)
 	mustPending(t, "settle behind the handoff", waiting)
 	h.m.handle(closeMsg{}, h.now)
 	if err := mustGet(t, "waiting settle at Close", waiting); !errors.Is(err, ErrClosed) {
 		t.Fatalf("got %v, want ErrClosed", err)
 	}
-	late := futures.New[error]()
-	h.m.handle(settleMsg{lock: "L", owner: 3, future: late}, h.now)
+	late := h.settle("L", 3)
 	if err := mustGet(t, "settle after Close", late); !errors.Is(err, ErrClosed) {
 		t.Fatalf("got %v, want ErrClosed", err)
 	}

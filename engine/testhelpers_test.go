@@ -101,6 +101,13 @@ func (h *mh) unlockCall(t *testing.T, lock string, owner uint64, id scripts.ID) 
 }
 
 // reply delivers a script's reply, sent at h.now.
+// settle sends a Settle for owner on lock and returns its future.
+func (h *mh) settle(lock string, owner uint64) *futures.Future[error] {
+	f := futures.New[error]()
+	h.m.handle(settleMsg{lock: lock, owner: owner, future: f}, h.now)
+	return f
+}
+
 func (h *mh) reply(call scriptCall, r scripts.Reply, err error) {
 	h.replyAt(call, h.now, r, err)
 }

@@ -88,7 +88,7 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 		if h != nil && h.count > 1 {
 			h.count--
 		} else if h != nil {
-			m.dropLastCount(h)
+			m.dropSurplus(h)
 		}
 		d.call.unlock.Complete(nil)
 	default: // released to everyone; the unlock message wakes the heads
