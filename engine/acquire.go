@@ -125,7 +125,7 @@ func (m *machine) pruneCancelled(l *lockState) {
 func (m *machine) startAttempt(l *lockState, now time.Time) {
 	w := l.queue.head
 	l.parked = false
-	if k := (holdKey{l.id, w.owner}); m.ownerBusy(k) || m.givingBack(k) {
+	if k := (holdKey{l.id, w.owner}); m.ownerBusy(k) || m.givingBack(k) || w.leaving > 0 {
 		l.wakePending = true
 		return
 	}
@@ -142,10 +142,18 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 		m.fairAttempt(w, now)
 		return
 	}
+	// A holder re-enters under its hold's field, which is a grant field when the
+	// hold came from a direct grant (see directgrant.go).
+	field := m.waiterField(w)
+	if h := m.holds[holdKey{w.lock.id, w.owner}]; h != nil {
+		field = h.field
+	}
+	w.sentField = field
+	keys, args := m.attemptArgs(w, field, now)
 	m.run(scriptCall{
 		script:  scripts.LockAcquire,
-		keys:    w.lock.nameKeys,
-		args:    []string{m.leaseText(w.lease), m.waiterField(w)},
+		keys:    keys,
+		args:    args,
 		purpose: purposeAttempt,
 		lock:    w.lock.id,
 		waiter:  w.id,
@@ -185,6 +193,11 @@ func (m *machine) park(l *lockState, ttl time.Duration, now time.Time) {
 	m.subscribe(l)
 	if w := l.queue.head; w != nil && !w.deadline.IsZero() {
 		ttl = min(ttl, w.deadline.Sub(now))
+	}
+	if w := l.queue.head; w != nil && w.registered {
+		// A registered waiter registers afresh at least every third of its lease,
+		// so a grant's date (its registration's) is never older (directgrant.go).
+		ttl = min(ttl, m.leaseOf(w.lease)/3)
 	}
 	m.armRetry(l, ttl)
 }
@@ -231,10 +244,20 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 		l.joining--
 	}
 	granted := d.err == nil && d.reply.Nil
+	// registered: the attempt carried a registration for direct grants (see
+	// directgrant.go); claimed: it found a grant to the waiter's grant field.
+	registered := l != nil && l.fair == nil && len(d.call.args) > 4
+	claimed := registered && d.err == nil && !d.reply.Nil && d.reply.Int == -3
 	if w == nil {
 		// The waiter is gone (cancelled, closed): give back what the script granted.
-		if granted && l != nil {
-			m.abandon(l, d.call.owner, 1)
+		switch {
+		case granted && l != nil:
+			m.abandon(l, d.call.owner, d.call.args[1], 1)
+		case registered:
+			if claimed {
+				m.noteClaimed(d.call.waiter)
+			}
+			m.runLeave(l, d.call.waiter, "") // its registration, and a grant it claimed
 		}
 		if l != nil {
 			m.advance(l, now)
@@ -245,12 +268,27 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 	w.attempting = false
 	switch {
 	case granted:
+		w.grantHeard = false
 		l.chain = 0 // a normal acquisition ends any chain of local handoffs
+		// The script counted the field the attempt named: a re-entry names its
+		// hold's, which may be a direct grant's, and the hold may have ended
+		// meanwhile (a grant taken back): the new hold keeps that field.
+		w.grantedField = d.call.args[1]
 		m.grant(w, d.sentAt, now)
 	case d.err != nil:
+		w.grantHeard = false // its next attempt claims a grant it heard of
+		if registered {
+			w.registered = true // the script may have run: a leave then removes it
+		}
 		m.attemptFailed(w, d.err, now)
 	case l.fair != nil:
 		m.fairRefused(w, time.Duration(d.reply.Int)*time.Millisecond, d.sentAt, now)
+	case registered && m.onRegisteredAttempt(w, claimed, d.sentAt, now):
+		// It took a direct grant.
+	case claimed:
+		// A grant it could not take went back; the release that frees the lock
+		// publishes, and the retry timer covers the rest.
+		m.attemptRefused(w, minBackoff, now)
 	default:
 		m.attemptRefused(w, time.Duration(d.reply.Int)*time.Millisecond, now)
 	}
@@ -274,6 +312,12 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	}
 	// A transport error: the server may come back. Keep the waiter, retry with backoff.
 	w.lastErr = err
+	if l.fair == nil && w.sentField != "" && w.sentField != m.waiterField(w) && m.holds[holdKey{l.id, w.owner}] == nil {
+		// A re-entry under a direct grant's field whose hold ended meanwhile: if
+		// the script ran, that field holds the lock for nobody. Nobody else uses
+		// it, so it goes (the retry names the handle's own field).
+		m.abandon(l, w.owner, w.sentField, 0)
+	}
 	if l.fair != nil {
 		w.wake = true // its own retry timer was spent on this attempt
 	}
@@ -294,6 +338,7 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 
 func (m *machine) attemptRefused(w *waiter, ttl time.Duration, now time.Time) {
 	l := w.lock
+	w.refused = true
 	l.backoff = 0
 	l.backingOff = false
 	if m.settleRefusal(w) {
@@ -326,7 +371,11 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 	m.cancelWait(w)
 	w.enqueued = false // the script took it out of the Redis queue
 	m.disarm(kindFairRetry, w.id, &w.retryGen)
-	h := m.addHold(l, w.owner, m.waiterField(w), w.lease, sentAt, now)
+	field := w.grantedField
+	if field == "" {
+		field = m.waiterField(w)
+	}
+	h := m.addHold(l, w.owner, field, w.lease, sentAt, now)
 	m.stats.Grants++
 	if l.fair != nil && h.count == 1 {
 		m.ownerEntryTaken(l, w.owner)
@@ -413,7 +462,11 @@ func (m *machine) undoAmbiguous(w *waiter) {
 		// A count the single try may have added goes at that hold's last Unlock
 		// (see dropSurplus).
 	default:
-		m.abandon(l, w.owner, 0)
+		field := m.waiterField(w)
+		if l.fair == nil && w.sentField != "" {
+			field = w.sentField // a re-entry's: its hold's field, maybe a direct grant's
+		}
+		m.abandon(l, w.owner, field, 0)
 	}
 }
 
@@ -444,6 +497,9 @@ func (m *machine) finish(w *waiter, err error) {
 	m.cancelWait(w)
 	if w.enqueued {
 		m.fairLeave(w)
+	}
+	if w.registered {
+		m.leaveRegistration(w)
 	}
 	if w.stop != nil {
 		w.stop()
@@ -503,6 +559,10 @@ func (m *machine) onCancel(msg cancelMsg, now time.Time) {
 
 // onUnlockNotice: one unlock message is one permit for the head waiter to retry.
 func (m *machine) onUnlockNotice(channel, payload string, now time.Time) {
+	if channel == m.grantChannel {
+		m.onGrantMessage(payload, now)
+		return
+	}
 	l := m.lockByChannel[channel]
 	if l == nil {
 		m.fairNotice(channel, payload, now)
@@ -528,6 +588,7 @@ func (m *machine) wakeHead(l *lockState, now time.Time) {
 // onResubscribed: messages may have been lost while the pub/sub connection was
 // down, so the head waiter of every lock with waiters retries.
 func (m *machine) onResubscribed(now time.Time) {
+	clear(m.claimedGrants) // messages may have been lost: see noteClaimed
 	for _, l := range m.locks {
 		if l.queue.head == nil {
 			continue

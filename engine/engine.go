@@ -309,6 +309,24 @@ func (e *Engine) Settle(ctx context.Context, lock string, owner uint64) error {
 	}
 }
 
+// HoldField returns the hash field under which owner holds lock, as far as the
+// engine knows: its handle's field (OwnerField), or, for a hold that came from a
+// direct grant, the grant's own field. It returns "" when owner holds nothing.
+func (e *Engine) HoldField(ctx context.Context, lock string, owner uint64) (string, error) {
+	f := futures.New[string]()
+	if err := e.send(ctx, fieldMsg{lock: lock, owner: owner, future: f}); err != nil {
+		return "", err
+	}
+	select {
+	case field := <-f.C():
+		return field, nil
+	case <-ctx.Done():
+		return "", ctx.Err()
+	case <-e.done:
+		return "", ErrClosed
+	}
+}
+
 // Stats returns a snapshot of the engine's counters.
 func (e *Engine) Stats(ctx context.Context) (Stats, error) {
 	f := futures.New[Stats]()

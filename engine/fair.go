@@ -179,7 +179,8 @@ func (m *machine) addLeaving(l *lockState, owner uint64) {
 }
 
 // maxJoin bounds a batch of waiters joining the Redis queue together: 64
-// fair_acquire calls of four keys fill one merged script call (scripts.MaxMergedKeys).
+// fair_acquire calls of four keys, half of one merged script call's keys
+// (scripts.MaxMergedKeys).
 const maxJoin = 64
 
 // fairAdvance starts a fair lock's next attempts: the earliest woken waiter

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strconv"
 	"time"
 
 	"github.com/leash-go/leash/futures"
@@ -120,9 +121,11 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 	}
 	l.chain++
 	call := scriptCall{
-		script:   scripts.LockHandoff,
-		keys:     l.releaseKeys,
-		args:     []string{h.field, m.leaseText(h.lease), m.waiterField(w), m.leaseText(w.lease), bound, unlockMessage, "0"},
+		script: scripts.LockHandoff,
+		keys:   l.releaseKeys,
+		// Room for the direct-grant arguments, so appending them does not copy.
+		args: append(make([]string, 0, 11),
+			h.field, m.leaseText(h.lease), m.waiterField(w), m.leaseText(w.lease), bound, unlockMessage, "0"),
 		purpose:  purposeHandoff,
 		lock:     l.id,
 		waiter:   w.id,
@@ -133,7 +136,15 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 		serial:   true,
 	}
 	early := m.canGrantEarly(l, h, w, bounded, now)
-	if l.fair != nil {
+	if l.fair == nil {
+		// At the chain bound the script may grant to another client's registered
+		// waiter instead, and register w in this client's name (directgrant.go).
+		reg := ""
+		if bounded {
+			reg = m.registration(w, now)
+		}
+		call.args = append(call.args, m.cfg.clientID, selfListens(l), reg, strconv.FormatUint(w.id, 10))
+	} else {
 		// No bound: the fair script hands over only to the Redis queue's head (or,
 		// early, to the waiter it was told heads it).
 		call.script = scripts.FairHandoff
@@ -207,6 +218,9 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 	case d.err != nil:
 		d.call.unlock.Complete(d.err)
 		if w != nil {
+			if len(d.call.args) > 9 && d.call.args[9] != "" {
+				w.registered = true // the script may have run: a leave then removes it
+			}
 			m.attemptFailed(w, d.err, now)
 		}
 	case d.reply.Int == 2 || d.reply.Int == 3: // handed over (3: fair, and the next local waiter heads the queue)
@@ -225,9 +239,12 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		if w != nil {
 			m.grant(w, d.sentAt, now)
 		} else if l != nil {
-			m.abandon(l, d.call.receiver, 1)
+			m.abandon(l, d.call.receiver, d.call.args[2], 1)
 		}
-	case d.reply.Int == 1: // released to everyone (chain bound), or to a fair waiter ahead in the queue
+	case d.reply.Int == 1 || d.reply.Int == 4:
+		// Released to everyone (chain bound), to a fair waiter ahead in the queue,
+		// or (4) granted to another client's registered waiter, with this one
+		// registered in its place: it waits for a grant, or its retry timer.
 		if h != nil {
 			m.dropHold(h)
 		}
@@ -236,6 +253,22 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		}
 		d.call.unlock.Complete(nil)
 		m.handoffRefused(w)
+		switch {
+		case d.reply.Int != 4 || l == nil:
+		case w != nil && w.queued && l.queue.head == w:
+			// Registered; a grant to it may have been heard meanwhile.
+			if !m.onRegisteredAttempt(w, false, d.sentAt, now) {
+				m.park(l, m.leaseOf(w.lease), now)
+			}
+		default:
+			// The waiter registered in this client's name is gone (or no longer
+			// heads the queue): its registration (and a grant to it) goes, and
+			// the next head attempts.
+			if w != nil {
+				w.grantHeard = false
+			}
+			m.runLeave(l, d.call.waiter, "")
+		}
 	case d.reply.Nil: // the releasing owner had lost the lock: the waiter retries normally
 		d.call.unlock.Complete(m.unlockFoundLost(h))
 		m.handoffRefused(w)
@@ -285,7 +318,7 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		}
 		d.call.unlock.Complete(d.err)
 		if l != nil {
-			m.abandon(l, d.call.owner, 0)
+			m.abandon(l, d.call.owner, d.call.args[0], 0)
 		}
 		if nh != nil {
 			m.loseHold(nh, true)
@@ -321,7 +354,7 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		// answered without the chain bound.
 		d.call.unlock.Complete(nil)
 		if l != nil && d.reply.Int == 0 {
-			m.abandon(l, d.call.owner, 0)
+			m.abandon(l, d.call.owner, d.call.args[0], 0)
 		}
 		if nh != nil {
 			nh.provisional = false
@@ -372,7 +405,7 @@ func (m *machine) sendWaitingCleanups(lock, receiver uint64) {
 // is live: the handoff's call kept it so until its reply, which is now.
 func (m *machine) runCleanup(c abandonMsg) {
 	if l := m.lockByID[c.lock]; l != nil {
-		m.abandon(l, c.owner, c.drop)
+		m.abandon(l, c.owner, c.field, c.drop)
 	}
 }
 

@@ -111,9 +111,9 @@ func (m *machine) loseHold(h *hold, release bool) {
 		// owner's field, so its cleanup always goes, after the reply (see abandon).
 		// It drops only the grant's count: a queued Lock of the same owner may take
 		// the lock again by re-entering that field once the reply is in.
-		m.abandon(h.lock, h.owner, h.count)
+		m.abandon(h.lock, h.owner, h.field, h.count)
 	case release:
-		m.abandon(h.lock, h.owner, 0)
+		m.abandon(h.lock, h.owner, h.field, 0)
 	}
 	m.dropHold(h)
 }
@@ -173,19 +173,20 @@ func (m *machine) dropHold(h *hold) {
 func (m *machine) dropSurplus(h *hold) {
 	l := h.lock
 	m.dropHold(h)
-	m.abandon(l, h.owner, 0)
+	m.abandon(l, h.owner, h.field, 0)
 }
 
 // releaseOne gives back one count of h: a grant nobody received.
 func (m *machine) releaseOne(h *hold) {
 	h.count--
-	m.abandon(h.lock, h.owner, 1)
+	m.abandon(h.lock, h.owner, h.field, 1)
 	if h.count <= 0 {
 		m.dropHold(h)
 	}
 }
 
-// abandon runs the owner-guarded release of drop holds (0: all) of owner.
+// abandon runs the owner-guarded release of drop holds (0: all) of owner, whose
+// field is field (its handle's, or a direct grant's: see directgrant.go).
 //
 // On a fair lock the owner counts as leaving until it has run: a join of the same
 // owner meanwhile could otherwise take the hold for a direct grant it had not heard
@@ -193,9 +194,9 @@ func (m *machine) releaseOne(h *hold) {
 //
 // While a handoff that granted the owner early is in flight, the release waits for
 // its reply: sent at once, it could reach Redis first and find nothing to release.
-func (m *machine) abandon(l *lockState, owner uint64, drop int) {
+func (m *machine) abandon(l *lockState, owner uint64, field string, drop int) {
 	if q := m.serial[holdKey{l.id, owner}]; q != nil && q.active && q.early {
-		q.pending = append(q.pending, abandonMsg{lock: l.id, owner: owner, drop: drop})
+		q.pending = append(q.pending, abandonMsg{lock: l.id, owner: owner, field: field, drop: drop})
 		return
 	}
 	keys := []string{l.name, l.channel}
@@ -206,7 +207,7 @@ func (m *machine) abandon(l *lockState, owner uint64, drop int) {
 	m.run(scriptCall{
 		script:   scripts.LockReleaseOwner,
 		keys:     keys,
-		args:     []string{unlockMessage, ownerField(m.cfg.clientID, owner), strconv.Itoa(drop)},
+		args:     []string{unlockMessage, field, strconv.Itoa(drop)},
 		purpose:  purposeAbandon,
 		lock:     l.id,
 		owner:    owner,

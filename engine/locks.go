@@ -35,8 +35,9 @@ func (m *machine) lockFor(name string, fair bool) *lockState {
 	}
 	m.nextID++
 	l := &lockState{id: m.nextID, name: name, channel: channelName(name)}
-	l.nameKeys = []string{l.name}
-	l.releaseKeys = []string{l.name, l.channel}
+	regs, order := "leash_lock_reg:"+tagged(name), "leash_lock_regq:"+tagged(name)
+	l.nameKeys = []string{l.name, regs, order}
+	l.releaseKeys = []string{l.name, l.channel, regs, order}
 	if fair {
 		k := newFairKeys(name, m.cfg.clientID)
 		l.fair = &k

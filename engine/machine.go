@@ -65,6 +65,12 @@ type machine struct {
 	idleQueue     []*lockState // states marked idle, each once (see onForget)
 	forgetArmed   bool         // the idle states' timer is armed
 	closing       bool
+	// Direct grants of the reentrant lock (see directgrant.go): this client's grant
+	// channel, its subscription, and the origin of registration stamps.
+	grantChannel  string
+	grantSub      subState
+	epoch         time.Time
+	claimedGrants map[uint64]struct{} // see noteClaimed
 	// deferGrants: grants are completed by flushGrants, not at once (see deliver);
 	// set by the Engine, left off by the machine's own tests.
 	deferGrants bool
@@ -90,6 +96,8 @@ func newMachine(cfg config) *machine {
 		parkedAcquires: make(map[uint64]holdKey),
 		holdByID:       make(map[uint64]*hold),
 		watchdogText:   millis(cfg.watchdog),
+		grantChannel:   "leash_lock_grant:" + cfg.clientID,
+		claimedGrants:  make(map[uint64]struct{}),
 	}
 }
 
@@ -114,6 +122,8 @@ func (m *machine) handle(msg message, now time.Time) {
 		m.onSettle(msg)
 	case statsMsg:
 		msg.future.Complete(m.snapshot())
+	case fieldMsg:
+		msg.future.Complete(m.holdField(msg.lock, msg.owner))
 	case cancelMsg:
 		m.onCancel(msg, now)
 	case scriptDone:
@@ -182,6 +192,13 @@ type lockState struct {
 	lingerGen  uint64
 	backoff    time.Duration
 	backingOff bool // a transport error: no attempt until the retry timer fires
+
+	// registered: an attempt registered a waiter for direct grants since the
+	// subscription was made (see directgrant.go, queueEmptied).
+	registered bool
+	// mayBeRegistered: a call that registers a waiter of this client's was sent
+	// since the last release that dropped the client's registration.
+	mayBeRegistered bool
 
 	holders []*hold // local holds of this lock (one for an exclusive lock)
 	// chain counts local handoffs since the lock was last released to everyone;
@@ -331,6 +348,10 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeUnlock:
 		m.onUnlockDone(d, now)
 	case purposeAbandon:
+		if d.call.script == scripts.LockLeave {
+			m.onLeaveRegDone(d, now)
+			break
+		}
 		if l := m.lockByID[d.call.lock]; l != nil {
 			if l.fair != nil {
 				m.onLeaveDone(d, now) // see abandon
@@ -368,8 +389,9 @@ func (m *machine) retryOnce(d scriptDone) bool {
 		// fair_handoff's ARGV[10]: tell a first try that ran from one that did not.
 		retry.args = append(slices.Clone(retry.args[:9]), "1")
 	case retry.early:
-		// lock_handoff's ARGV[7], the same.
-		retry.args = append(slices.Clone(retry.args[:6]), "1")
+		// lock_handoff's ARGV[7], the same (its direct-grant arguments follow).
+		retry.args = slices.Clone(retry.args)
+		retry.args[6] = "1"
 	}
 	m.run(retry)
 	return true
@@ -384,12 +406,14 @@ func isRedisError(err error) bool {
 
 // Stats is a snapshot of the engine's counters, for tests and metrics.
 //
-// DirectGrants counts fair-lock grants made by another client's (or this one's)
-// release and taken from their message, without a call (see fair.go). EarlyGrants
-// counts local handoffs that granted before their reply (see handoff.go).
+// DirectGrants counts grants made by another client's (or, for a fair lock, this
+// one's) release and taken from their message or claimed, without a call of their
+// own (see fair.go, directgrant.go); GrantsGivenBack counts the reentrant lock's
+// direct grants that nobody could take. EarlyGrants counts local handoffs that
+// granted before their reply (see handoff.go).
 type Stats struct {
 	Acquires, Attempts, Grants, Handoffs, Revoked, Notices uint64
-	DirectGrants, EarlyGrants                              uint64
+	DirectGrants, GrantsGivenBack, EarlyGrants             uint64
 	ScriptCalls, Renewals, Subscribes                      uint64
 	Waiters, Holds, Locks, Receipts                        int
 }

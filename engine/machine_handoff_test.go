@@ -27,7 +27,7 @@ func TestMachineEarlyHandoff(t *testing.T) {
 		h.now = h.now.Add(time.Second)
 		f := h.unlock("L", a.owner)
 		c = h.take().one(t, scripts.LockHandoff)
-		if want := []string{"cid:1", "30000", "cid:2", "5000", "0", "0", "0"}; !slices.Equal(c.args, want) {
+		if want := []string{"cid:1", "30000", "cid:2", "5000", "0", "0", "0", "cid", "0", "", strconv.FormatUint(b.id, 10)}; !slices.Equal(c.args, want) {
 			t.Fatalf("args %v, want %v", c.args, want)
 		}
 		if !c.early {
@@ -121,7 +121,9 @@ func TestMachineEarlyHandoff(t *testing.T) {
 		h.now = h.now.Add(3 * time.Second) // the connection's timeout
 		h.replyAt(c, firstSent, scripts.Reply{}, errConn)
 		retry := h.take().one(t, scripts.LockHandoff)
-		if want := append(slices.Clone(c.args[:6]), "1"); !retry.retried || !slices.Equal(retry.args, want) {
+		want := slices.Clone(c.args)
+		want[6] = "1"
+		if !retry.retried || !slices.Equal(retry.args, want) {
 			t.Fatalf("retry args %v (retried %v), want %v: the same handoff, flagged as a retry", retry.args, retry.retried, want)
 		}
 		mustPending(t, "unlock during the retry", f)

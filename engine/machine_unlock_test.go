@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
@@ -60,10 +61,10 @@ func TestMachineUnlock(t *testing.T) {
 
 			f := h.unlock("L", 1)
 			c := h.take().one(t, scripts.LockRelease)
-			if want := []string{"L", "redisson_lock__channel:{L}"}; !slices.Equal(c.keys, want) {
+			if want := []string{"L", "redisson_lock__channel:{L}", "leash_lock_reg:{L}", "leash_lock_regq:{L}"}; !slices.Equal(c.keys, want) {
 				t.Errorf("keys %v, want %v", c.keys, want)
 			}
-			if want := []string{"0", "30000", "cid:1"}; !slices.Equal(c.args, want) {
+			if want := []string{"0", "30000", "cid:1", "cid", "0", "0"}; !slices.Equal(c.args, want) {
 				t.Errorf("args %v, want %v", c.args, want)
 			}
 			mustPending(t, "unlock in flight", f)
@@ -184,10 +185,10 @@ func TestMachineHandoff(t *testing.T) {
 		lostA := h.hold("L", 1).lostSignal().C()
 		f := h.unlock("L", a.owner)
 		c := h.take().one(t, scripts.LockHandoff) // not a release plus an attempt
-		if want := []string{"L", "redisson_lock__channel:{L}"}; !slices.Equal(c.keys, want) {
+		if want := []string{"L", "redisson_lock__channel:{L}", "leash_lock_reg:{L}", "leash_lock_regq:{L}"}; !slices.Equal(c.keys, want) {
 			t.Errorf("keys %v, want %v", c.keys, want)
 		}
-		if want := []string{"cid:1", "80", "cid:2", "5000", "0", "0", "0"}; !slices.Equal(c.args, want) {
+		if want := []string{"cid:1", "80", "cid:2", "5000", "0", "0", "0", "cid", "0", "", strconv.FormatUint(b.id, 10)}; !slices.Equal(c.args, want) {
 			t.Errorf("args %v, want %v", c.args, want)
 		}
 		mustPending(t, "unlock", f)

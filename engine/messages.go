@@ -61,6 +61,12 @@ type (
 	}
 	// statsMsg asks for a snapshot of the engine's counters.
 	statsMsg struct{ future *futures.Future[Stats] }
+	// fieldMsg asks for the field of owner's hold on lock ("" when none).
+	fieldMsg struct {
+		lock   string
+		owner  uint64
+		future *futures.Future[string]
+	}
 )
 
 // forceResult is ForceUnlock's outcome.
@@ -101,6 +107,7 @@ type (
 	abandonMsg struct {
 		lock  uint64 // the lock's id: the handoff in flight keeps its state live
 		owner uint64
+		field string
 		drop  int
 	}
 )
@@ -111,6 +118,7 @@ func (forceUnlockMsg) isMessage()  {}
 func (lostMsg) isMessage()         {}
 func (closeMsg) isMessage()        {}
 func (settleMsg) isMessage()       {}
+func (fieldMsg) isMessage()        {}
 func (statsMsg) isMessage()        {}
 func (cancelMsg) isMessage()       {}
 func (scriptDone) isMessage()      {}

@@ -10,6 +10,9 @@ import (
 // this client's per-waiter channels) is subscribed while it has local waiters, and
 // kept for cfg.linger after the last one leaves.
 
+// subscribeRetry is how soon a lock whose subscription was not confirmed retries.
+const subscribeRetry = 100 * time.Millisecond
+
 func (m *machine) subscribe(l *lockState) {
 	switch l.sub {
 	case subNone:
@@ -27,8 +30,21 @@ func (m *machine) subscribe(l *lockState) {
 }
 
 func (m *machine) onSubscribed(msg subscribeDone, now time.Time) {
+	if msg.lock == 0 {
+		m.onGrantsSubscribed(msg.err, now)
+		return
+	}
 	l := m.lockByID[msg.lock]
 	if l == nil {
+		return
+	}
+	if msg.err != nil && l.queue.len > 0 && !m.closing {
+		// Not confirmed (a timeout, no connection): whether messages will come is
+		// unknown, and a release that finds nobody listening publishes nothing.
+		// The head retries soon, and subscribes again if refused.
+		l.sub = subNone
+		l.parked = false
+		m.armRetry(l, subscribeRetry)
 		return
 	}
 	l.sub = subSubscribed
@@ -52,7 +68,10 @@ func (m *machine) lingerOrUnsubscribe(l *lockState) {
 	if l.sub != subSubscribed || l.queue.len > 0 {
 		return
 	}
-	if m.closing || m.cfg.linger <= 0 {
+	if m.closing || m.cfg.linger <= 0 || l.registered {
+		// A client that registered for direct grants leaves at once: lingering,
+		// it would count as a listener that did not register, and the other
+		// clients' releases would publish rather than grant (lock_lib.lua).
 		m.unsubscribe(l)
 		return
 	}
@@ -65,6 +84,7 @@ func (m *machine) lingerOrUnsubscribe(l *lockState) {
 
 func (m *machine) unsubscribe(l *lockState) {
 	l.sub = subUnsubscribing
+	l.registered = false
 	l.lingerGen = 0
 	m.fx.subs = append(m.fx.subs, m.subOp(l, true))
 }

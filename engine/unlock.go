@@ -48,9 +48,10 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		return
 	}
 	call := scriptCall{
-		script:  scripts.LockRelease,
-		keys:    l.releaseKeys,
-		args:    []string{unlockMessage, m.leaseText(h.lease), h.field},
+		script: scripts.LockRelease,
+		keys:   l.releaseKeys,
+		// Room for either kind's further arguments, so appending does not copy.
+		args:    append(make([]string, 0, 6), unlockMessage, m.leaseText(h.lease), h.field),
 		purpose: purposeUnlock,
 		lock:    l.id,
 		hold:    h.id,
@@ -62,6 +63,15 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		call.script = scripts.FairRelease
 		call.keys = l.fair.keys
 		call.args = append(call.args, wallMillis(now), millis(m.cfg.fairWait))
+	} else {
+		// Direct grants (directgrant.go): the release skips this client's own
+		// registration, and drops it when no local waiter is left.
+		dereg := "0"
+		if l.queue.len == 0 && l.mayBeRegistered {
+			dereg = "1"
+			l.mayBeRegistered = false
+		}
+		call.args = append(call.args, m.cfg.clientID, selfListens(l), dereg)
 	}
 	m.run(call)
 }
@@ -97,6 +107,11 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 		}
 		if l != nil {
 			l.chain = 0
+			if d.reply.Int == 2 {
+				// Nobody else listened, so nothing was published: this client's
+				// head, if any, tries now.
+				m.mayBeFree(l)
+			}
 		}
 		d.call.unlock.Complete(nil)
 	}

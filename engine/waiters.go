@@ -13,14 +13,20 @@ import (
 // Its size matters: thousands may wait on one lock. A waiter is about 200 bytes,
 // plus its future's channel and the context.AfterFunc registration.
 type waiter struct {
-	id     uint64
-	lock   *lockState
-	owner  uint64
-	field  string        // the owner's field, once made (see machine.waiterField)
-	lease  time.Duration // 0: watchdog
-	ctx    context.Context
-	stop   func() bool // unregisters the cancellation callback; nil when ctx never ends
-	future *futures.Future[error]
+	id    uint64
+	lock  *lockState
+	owner uint64
+	field string // the owner's field, once made (see machine.waiterField)
+	// sentField is the field its last lock_acquire named: its owner's, or, for a
+	// re-entry, its hold's (a direct grant's, maybe).
+	sentField string
+	// grantedField, when set, is the field its grant is under, if not its owner's:
+	// a re-entry's under its hold's field, a direct grant's (see machine.grant).
+	grantedField string
+	lease        time.Duration // 0: watchdog
+	ctx          context.Context
+	stop         func() bool // unregisters the cancellation callback; nil when ctx never ends
+	future       *futures.Future[error]
 
 	deadline time.Time // zero: no wait limit besides ctx
 
@@ -33,6 +39,13 @@ type waiter struct {
 	expired    bool  // the wait ran out while an attempt was in flight
 	cancelErr  error // the context ended (or the client closed) while an attempt was in flight
 	lastErr    error // the last transport error, reported if the wait runs out
+
+	// Plain locks only (see directgrant.go).
+	refused    bool  // an attempt of its was refused: the next ones register
+	registered bool  // an attempt of its registered it for direct grants
+	grantHeard bool  // a direct grant's message came while its attempt was in flight
+	grantStamp int64 // that message's stamp
+	leaving    int   // lock_leave calls for it in flight (see runLeave)
 
 	// Fair locks only.
 	enqueued    bool      // in the Redis queue

@@ -107,6 +107,12 @@ func (c *Client) ID() string { return c.opts.ClientID }
 // count, and each Unlock decrements it. Use one handle per logical owner (a request,
 // a job); any goroutine may use it. An empty name is reported by the handle's calls
 // as ErrInvalidArgument.
+//
+// It is laid out in Redis as Redisson's RLock. Besides the lock hash, a client whose
+// waiter is refused registers it in leash_lock_reg:{name} and leash_lock_regq:{name},
+// so that a release in another leash client can hand the lock to it directly,
+// under a field made for that waiter (see the README's "Direct grants"); Redisson
+// clients waiting on the same lock are woken as Redisson expects.
 func (c *Client) Mutex(name string) *Mutex {
 	return &Mutex{c: c, name: name, owner: c.engine.NewOwner()}
 }

@@ -150,6 +150,14 @@ func mustBeLocked(t *testing.T, srv *testredis.Server, name string, want bool) {
 	}
 }
 
+// freedSoon waits for name to be free: after a release that may have granted the
+// lock directly to a registered waiter that was giving up just then (the grant
+// goes back within a round trip; see engine/directgrant.go).
+func freedSoon(t *testing.T, srv *testredis.Server, name string) {
+	t.Helper()
+	eventually(t, 5*time.Second, name+" to be free", func() bool { return do(t, srv, "EXISTS", name) == "0" })
+}
+
 // isErr is errors.Is with a readable failure.
 func isErr(t *testing.T, what string, err, target error) {
 	t.Helper()

@@ -166,8 +166,16 @@ func (m *Mutex) HoldCount(ctx context.Context) (int, error) {
 	if err := m.c.engine.Settle(ctx, m.name, m.owner); err != nil {
 		return 0, engine.WrapError(m.name, err)
 	}
+	// A hold that came from a direct grant is under the grant's field.
+	field, err := m.c.engine.HoldField(ctx, m.name, m.owner)
+	if err != nil {
+		return 0, engine.WrapError(m.name, err)
+	}
+	if field == "" {
+		field = engine.OwnerField(m.c.opts.ClientID, m.owner)
+	}
 	rc := m.c.rc
-	n, err := rc.Do(ctx, rc.B().Hget().Key(m.name).Field(engine.OwnerField(m.c.opts.ClientID, m.owner)).Build()).AsInt64()
+	n, err := rc.Do(ctx, rc.B().Hget().Key(m.name).Field(field).Build()).AsInt64()
 	if rueidis.IsRedisNil(err) {
 		return 0, nil
 	}

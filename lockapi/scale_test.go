@@ -233,7 +233,7 @@ func TestIdleLockDropsSubscription(t *testing.T) {
 				}
 				unlock(t, h)
 			}
-			mustBeLocked(t, srv, name, false)
+			freedSoon(t, srv, name)
 			eventually(t, 5*time.Second, "the idle lock's subscription to be dropped", func() bool {
 				return numSub(t, srv, channel) == "0"
 			})

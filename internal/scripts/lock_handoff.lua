@@ -19,10 +19,17 @@
 --          the releasing owner's field gone and the receiving owner's there then
 --          mean it did, so the reply is 2 (the receiving owner makes no other call
 --          meanwhile); else "0"
+-- ARGV[8]  optional: the caller's client id
+-- ARGV[9]  optional: "1" when the caller listens on the unlock channel (default "1")
+-- ARGV[10] optional: the receiving waiter's registration (see lock_acquire.lua)
+-- ARGV[11] optional: the receiving waiter's id: a registration of the caller's that
+--          names it goes when the lock passes to it
 -- Reply: nil when the releasing owner does not hold the lock (nothing changed);
 --        0 when it still holds it after the decrement (no handoff);
 --        1 when the lock was released to everyone (deleted, message published);
---        2 when the lock passed to the receiving owner with a count of 1.
+--        2 when the lock passed to the receiving owner with a count of 1;
+--        4 when it was granted to another client's registered waiter (and the
+--          receiving waiter registered).
 if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
     if ARGV[7] == '1' and redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
         return 2
@@ -35,10 +42,22 @@ if count > 0 then
     return 0
 end
 redis.call('del', KEYS[1])
-if ARGV[5] == '1' and redis.call('pubsub', 'numsub', KEYS[2])[2] > 1 then
-    redis.call('publish', KEYS[2], ARGV[6])
-    return 1
+if ARGV[5] == '1' then
+    local self_sub = tonumber(ARGV[9] or '1')
+    if KEYS[3] ~= nil and ARGV[8] ~= nil and grant_next(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ARGV[8], self_sub) then
+        if ARGV[10] ~= nil and ARGV[10] ~= '' then
+            register(KEYS[3], KEYS[4], ARGV[8], ARGV[10])
+        end
+        return 4
+    end
+    if redis.call('pubsub', 'numsub', KEYS[2])[2] > self_sub then
+        redis.call('publish', KEYS[2], ARGV[6])
+        return 1
+    end
 end
 redis.call('hset', KEYS[1], ARGV[3], 1)
 redis.call('pexpire', KEYS[1], ARGV[4])
+if KEYS[3] ~= nil and ARGV[11] ~= nil then
+    deregister_waiter(KEYS[3], KEYS[4], ARGV[8], ARGV[11])
+end
 return 2

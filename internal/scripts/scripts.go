@@ -19,7 +19,8 @@ import (
 type ID uint8
 
 // The scripts, one per file. The fair_*.lua scripts start with fair_lib.lua's
-// shared functions.
+// shared functions; lock_acquire, lock_release, lock_handoff and lock_leave with
+// lock_lib.lua's.
 const (
 	LockAcquire      ID = iota // lock_acquire.lua
 	LockRelease                // lock_release.lua
@@ -32,6 +33,7 @@ const (
 	FairLeave                  // fair_leave.lua
 	FairHandoff                // fair_handoff.lua
 	FairForceRelease           // fair_force_release.lua
+	LockLeave                  // lock_leave.lua
 	numScripts
 )
 
@@ -51,6 +53,10 @@ var (
 	lockRenewSrc string
 	//go:embed lock_handoff.lua
 	lockHandoffSrc string
+	//go:embed lock_leave.lua
+	lockLeaveSrc string
+	//go:embed lock_lib.lua
+	lockLibSrc string
 	//go:embed fair_lib.lua
 	fairLibSrc string
 	//go:embed fair_acquire.lua
@@ -65,19 +71,40 @@ var (
 	fairForceReleaseSrc string
 )
 
-var sources = [numScripts]string{
-	LockAcquire:      lockAcquireSrc,
-	LockRelease:      lockReleaseSrc,
-	LockReleaseOwner: lockReleaseOwnerSrc,
-	LockForceRelease: lockForceReleaseSrc,
-	LockRenew:        lockRenewSrc,
-	LockHandoff:      lockHandoffSrc,
-	FairAcquire:      fairLibSrc + fairAcquireSrc,
-	FairRelease:      fairLibSrc + fairReleaseSrc,
-	FairLeave:        fairLibSrc + fairLeaveSrc,
-	FairHandoff:      fairLibSrc + fairHandoffSrc,
-	FairForceRelease: fairLibSrc + fairForceReleaseSrc,
-}
+// bodies are the scripts' own files; libs, the shared functions each starts with.
+var (
+	bodies = [numScripts]string{
+		LockAcquire:      lockAcquireSrc,
+		LockRelease:      lockReleaseSrc,
+		LockReleaseOwner: lockReleaseOwnerSrc,
+		LockForceRelease: lockForceReleaseSrc,
+		LockRenew:        lockRenewSrc,
+		LockHandoff:      lockHandoffSrc,
+		FairAcquire:      fairAcquireSrc,
+		FairRelease:      fairReleaseSrc,
+		FairLeave:        fairLeaveSrc,
+		FairHandoff:      fairHandoffSrc,
+		FairForceRelease: fairForceReleaseSrc,
+		LockLeave:        lockLeaveSrc,
+	}
+	libs = [numScripts]string{
+		LockAcquire:      lockLibSrc,
+		LockRelease:      lockLibSrc,
+		LockHandoff:      lockLibSrc,
+		LockLeave:        lockLibSrc,
+		FairAcquire:      fairLibSrc,
+		FairRelease:      fairLibSrc,
+		FairLeave:        fairLibSrc,
+		FairHandoff:      fairLibSrc,
+		FairForceRelease: fairLibSrc,
+	}
+	sources = func() (s [numScripts]string) {
+		for i := range s {
+			s[i] = libs[i] + bodies[i]
+		}
+		return s
+	}()
+)
 
 var names = [numScripts]string{
 	LockAcquire:      "lock_acquire",
@@ -91,9 +118,11 @@ var names = [numScripts]string{
 	FairLeave:        "fair_leave",
 	FairHandoff:      "fair_handoff",
 	FairForceRelease: "fair_force_release",
+	LockLeave:        "lock_leave",
 }
 
-// multiSrc is the multi script: every script above as a function, then a loop that
+// multiSrc is the multi script: the shared functions once, then every script
+// above as a function (its body alone), then a loop that
 // runs the calls ARGV describes. ARGV[1] is the number of calls; each call follows
 // as one header number (see multiHeader) and its arguments; KEYS holds every
 // call's keys in order. The reply is an array with one
@@ -105,8 +134,12 @@ var multiSrc = buildMulti()
 
 func buildMulti() string {
 	var b strings.Builder
-	b.WriteString("-- multi: runs several leash scripts in one call (scripts.go, RunBatch).\nlocal scripts = {}\n")
-	for i, src := range sources {
+	b.WriteString("-- multi: runs several leash scripts in one call (scripts.go, RunBatch).\n")
+	// The shared functions are defined once per merged call, not once per call in
+	// it: a merged call of a hundred lock operations would otherwise make the same
+	// closures a hundred times.
+	b.WriteString(lockLibSrc + "\n" + fairLibSrc + "\nlocal scripts = {}\n")
+	for i, src := range bodies {
 		fmt.Fprintf(&b, "scripts[%d] = function(KEYS, ARGV)\n%s\nend\n", i, src)
 	}
 	b.WriteString(`local out = {}
@@ -252,10 +285,11 @@ var ErrReordered = errors.New("leash: script not loaded when sent; a later call 
 // call stays short: about a hundred lock operations, as Redisson's renewal batches.
 //
 // MaxMergedKeys bounds the keys of one merged call the same way: a renewal call
-// already covers up to a hundred locks, so two of them make a merged call.
+// already covers up to a hundred locks, so a few of them make a merged call, and
+// MaxMerged releases (four keys each) fit in one.
 const (
 	MaxMerged     = 128
-	MaxMergedKeys = 256
+	MaxMergedKeys = 512
 )
 
 // RunBatch implements BatchRunner. The calls go in one pipelined write, merged

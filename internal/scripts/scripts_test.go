@@ -335,7 +335,7 @@ func TestSources(t *testing.T) {
 	t.Parallel()
 	files := []string{
 		"lock_acquire", "lock_release", "lock_release_owner", "lock_force_release", "lock_renew", "lock_handoff",
-		"fair_acquire", "fair_release", "fair_leave", "fair_handoff", "fair_force_release",
+		"fair_acquire", "fair_release", "fair_leave", "fair_handoff", "fair_force_release", "lock_leave",
 	}
 	for i, name := range files {
 		id := scripts.ID(i)
@@ -343,11 +343,18 @@ func TestSources(t *testing.T) {
 			t.Errorf("ID %d is %q, want %q", i, id, name)
 		}
 		src := scripts.Source(id)
-		if strings.HasPrefix(name, "fair_") {
-			// The fair scripts start with their shared functions.
+		libName, libFunc := "", ""
+		switch name {
+		case "fair_acquire", "fair_release", "fair_leave", "fair_handoff", "fair_force_release":
+			libName, libFunc = "fair_lib", "pass_on"
+		case "lock_acquire", "lock_release", "lock_handoff", "lock_leave":
+			libName, libFunc = "lock_lib", "grant_next"
+		}
+		if libName != "" {
+			// These scripts start with their shared functions.
 			lib, rest, ok := strings.Cut(src, "\n-- "+name+".lua:")
-			if !ok || !strings.HasPrefix(lib, "-- fair_lib.lua:") || !strings.Contains(lib, "local function pass_on(") {
-				t.Errorf("Source(%v) is not fair_lib.lua followed by its file", id)
+			if !ok || !strings.HasPrefix(lib, "-- "+libName+".lua:") || !strings.Contains(lib, "local function "+libFunc+"(") {
+				t.Errorf("Source(%v) is not %s.lua followed by its file", id, libName)
 			}
 			src = "-- " + name + ".lua:" + rest
 		}
@@ -815,19 +822,20 @@ func TestRunBatch(t *testing.T) {
 		e.wantHash(t, "b4d", "c:4=1")
 	})
 	t.Run("merged calls stay small", func(t *testing.T) {
-		// Three renewal calls of 100 locks each: two go merged (200 keys), the third
-		// alone would push a merged call past MaxMergedKeys, so it is a second
+		// Three renewal calls of MaxMergedKeys/2 locks each: two go merged, the
+		// third alone would push a merged call past MaxMergedKeys, so it is a second
 		// command. 2*MaxMerged+1 one-key calls make three commands (the last alone).
 		var calls []scripts.Call
 		var want []string
+		const locks = scripts.MaxMergedKeys / 2
 		for c := range 3 {
-			keys, args := make([]string, 100), []string{L}
+			keys, args := make([]string, locks), []string{L}
 			for i := range keys {
 				keys[i] = fmt.Sprintf("b7-%d-%d", c, i)
 				args = append(args, "c:1")
 			}
 			calls = append(calls, scripts.Call{ID: scripts.LockRenew, Keys: keys, Args: args})
-			want = append(want, "["+strings.TrimSpace(strings.Repeat("0 ", 100))+"]")
+			want = append(want, "["+strings.TrimSpace(strings.Repeat("0 ", locks))+"]")
 		}
 		for _, n := range []int{3, 2*scripts.MaxMerged + 1} {
 			for len(calls) < n {
