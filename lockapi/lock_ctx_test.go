@@ -63,7 +63,9 @@ func TestLockContextRacesGrant(t *testing.T) {
 			s := stats(t, c)
 			return s.Waiters == 0 && s.Holds == 0
 		})
-		mustBeLocked(t, srv, name, false)
+		// A release that granted the lock directly to the waiter as it gave up has
+		// its grant given back by the waiter's leave, which may still be in flight.
+		freedSoon(t, srv, name)
 	}
 	t.Logf("%d rounds held, %d cancelled", held, cancelled)
 	if held == 0 || cancelled == 0 {
