@@ -74,10 +74,12 @@ const lease = 10 * time.Second
 var allKinds = []contenderKind{
 	{
 		name:  "leash",
-		waits: "local FIFO queue + pub/sub wake-up, direct local handoff",
-		// lock_acquire/lock_release/lock_handoff/lock_renew/lock_release_owner.lua.
-		scriptOnly: []string{"exists", "hexists", "hincrby", "hget", "pexpire", "pttl", "del", "publish", "hset", "hlen", "hdel", "pubsub|numsub"},
-		open:       openLeash("leash", (*lockapi.Client).Mutex),
+		waits: "local FIFO queue + pub/sub wake-up, direct local handoff; a release grants another process's registered waiter directly",
+		// lock_acquire/lock_release/lock_handoff/lock_leave.lua (each starting with
+		// lock_lib.lua), lock_renew/lock_release_owner/lock_force_release.lua.
+		scriptOnly: []string{"exists", "hexists", "hincrby", "hget", "pexpire", "pttl", "del", "publish", "hset", "hlen", "hdel", "pubsub|numsub",
+			"lrange", "lrem", "rpush"},
+		open: openLeash("leash", (*lockapi.Client).Mutex),
 	},
 	{
 		name:  "leash-fair",

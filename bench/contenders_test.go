@@ -42,7 +42,7 @@ func TestScriptOnlyLists(t *testing.T) {
 		unreached []string
 	}{
 		{"leash", []scripts.ID{scripts.LockAcquire, scripts.LockRelease, scripts.LockHandoff, scripts.LockRenew,
-			scripts.LockReleaseOwner, scripts.LockForceRelease},
+			scripts.LockReleaseOwner, scripts.LockForceRelease, scripts.LockLeave},
 			[]string{"lindex"}}, // lock_release_owner.lua's fair-lock branch (KEYS[3])
 		{"leash-fair", []scripts.ID{scripts.FairAcquire, scripts.FairRelease, scripts.FairHandoff, scripts.FairLeave,
 			scripts.FairForceRelease, scripts.LockRenew, scripts.LockReleaseOwner}, nil},
