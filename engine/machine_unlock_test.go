@@ -432,3 +432,45 @@ func TestMachineUnlockRetryAfterAmbiguousFailure(t *testing.T) {
 	}
 	mustNotFired(t, "Lost", lost)
 }
+
+// Two lost wake-ups found by the relay's stress run (relay.go), both possible
+// before it: the head must retry after this client's own release whenever the
+// release's unlock message may have gone unheard.
+func TestMachineReleaseWakesLateWaiters(t *testing.T) {
+	t.Run("the unlock message came before the waiter", func(t *testing.T) {
+		// The release's own message arrives before its reply, when no local waiter
+		// listens; a waiter that comes next parks behind the local hold. The
+		// reply must make it try.
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		c, f := h.unlockCall(t, "L", 1, scripts.LockRelease)
+		h.notice("L")
+		w := h.acquire("L", 2, 0, -1)
+		h.take().none(t) // parked: this client still holds the lock
+		h.reply(c, replyInt(1), nil)
+		mustGranted(t, "unlock", f)
+		att := h.take().one(t, scripts.LockAcquire)
+		if att.waiter != w.id {
+			t.Fatalf("attempt of waiter %d, want %d", att.waiter, w.id)
+		}
+	})
+	t.Run("an attempt ran before a release that published nothing", func(t *testing.T) {
+		// Reply 2: nobody else listened, so no message comes. An attempt in flight
+		// ran before the release and is refused: its head must try once more.
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		h.acquire("L", 2, 0, -1)
+		h.take()
+		h.notice("L") // a stale message: the head tries while owner 1 still holds
+		att := h.take().one(t, scripts.LockAcquire)
+		c, f := h.unlockCall(t, "L", 1, scripts.LockRelease)
+		h.reply(c, replyInt(2), nil)
+		mustGranted(t, "unlock", f)
+		h.reply(att, replyPTTL(20*time.Second), nil)
+		again := h.take().one(t, scripts.LockAcquire)
+		h.reply(again, replyNil, nil)
+		if h.hold("L", 2) == nil {
+			t.Fatal("the head's retry did not take the lock")
+		}
+	})
+}

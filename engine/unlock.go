@@ -107,11 +107,11 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 		}
 		if l != nil {
 			l.chain = 0
-			if d.reply.Int == 2 {
-				// Nobody else listened, so nothing was published: this client's
-				// head, if any, tries now.
-				m.mayBeFree(l)
-			}
+			// 2: nobody else listened, so nothing was published. 1: the unlock
+			// message may have come before this reply, when no local waiter was
+			// there to hear it, and a waiter that came since parked behind the
+			// local hold. Either way this client's head, if any, tries now.
+			m.mayBeFree(l)
 		}
 		d.call.unlock.Complete(nil)
 	}
