@@ -61,6 +61,9 @@ type scriptCall struct {
 	firstSent time.Time
 	unlock    *futures.Future[error]
 	force     *futures.Future[forceResult]
+	// relayed: on a relay's follow-up handoff, or on the owner-guarded release that
+	// replaces it, the relay whose Unlocks this call's reply answers (see relay.go).
+	relayed *relay
 }
 
 // Timer kinds (timer.Key.Kind).

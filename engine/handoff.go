@@ -305,9 +305,18 @@ func (m *machine) handoffRefused(w *waiter) {
 func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 	l := m.lockByID[d.call.lock]
 	nh := m.holdByID[d.call.hold]
+	var r *relay
 	if l != nil {
 		l.handingOff = false
+		r, l.relay = l.relay, nil
 	}
+	if d.call.relayed != nil {
+		// A relay's follow-up: the relayed holds ran under its releasing owner's
+		// field, which it finds there (or already moved, on a retry) unless the
+		// lock was lost meanwhile.
+		m.answerRelay(d.call.relayed, relayOutcome(d, d.err == nil && d.reply.Nil))
+	}
+	handedOver := false
 	switch {
 	case d.err != nil:
 		// Twice a transport error (see retryOnce): either field may be on the server.
@@ -316,7 +325,7 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		if d.call.releaserLost != nil {
 			d.call.releaserLost.Fire()
 		}
-		d.call.unlock.Complete(d.err)
+		answerUnlock(d.call.unlock, d.err)
 		if l != nil {
 			m.abandon(l, d.call.owner, d.call.args[0], 0)
 		}
@@ -327,7 +336,8 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		// Handed over, by this try or (a retry's reply) by the first. The lease ran
 		// from when the first try was sent at the earliest.
 		m.noteFairHead(l, d)
-		d.call.unlock.Complete(nil)
+		answerUnlock(d.call.unlock, nil)
+		handedOver = true
 		m.stats.Handoffs++
 		if nh != nil {
 			sent := d.sentAt
@@ -343,7 +353,7 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		if d.call.releaserLost != nil {
 			d.call.releaserLost.Fire()
 		}
-		d.call.unlock.Complete(errHoldLost)
+		answerUnlock(d.call.unlock, errHoldLost)
 		if nh != nil {
 			nh.provisional = false // nothing of its owner's is on the server
 			m.loseHold(nh, false)
@@ -352,7 +362,7 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		// 0: the server counted more holds of the releasing owner than the engine
 		// (see dropSurplus), so nothing was handed over and the surplus goes; 1: never
 		// answered without the chain bound.
-		d.call.unlock.Complete(nil)
+		answerUnlock(d.call.unlock, nil)
 		if l != nil && d.reply.Int == 0 {
 			m.abandon(l, d.call.owner, d.call.args[0], 0)
 		}
@@ -362,6 +372,9 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		}
 	}
 	m.sendWaitingCleanups(d.call.lock, d.call.receiver)
+	if r != nil && l != nil {
+		m.endRelay(l, r, d, handedOver, now)
+	}
 	if l != nil && l.fair != nil && !(d.err == nil && (d.reply.Int == 2 || d.reply.Int == 3)) {
 		// Nothing was handed over (or, after two transport errors, maybe not): the
 		// receiver's entry may still head the Redis queue, and its waiter is done.
@@ -371,6 +384,14 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 	if l != nil {
 		m.advance(l, now)
 		m.maybeForget(l)
+	}
+}
+
+// answerUnlock answers the Unlock a handoff carries, if any: a relay's follow-up
+// (relay.go) has none of its own.
+func answerUnlock(f *futures.Future[error], err error) {
+	if f != nil {
+		f.Complete(err)
 	}
 }
 
@@ -405,7 +426,7 @@ func (m *machine) sendWaitingCleanups(lock, receiver uint64) {
 // is live: the handoff's call kept it so until its reply, which is now.
 func (m *machine) runCleanup(c abandonMsg) {
 	if l := m.lockByID[c.lock]; l != nil {
-		m.abandon(l, c.owner, c.field, c.drop)
+		m.cleanUp(l, c)
 	}
 }
 

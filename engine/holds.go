@@ -195,22 +195,28 @@ func (m *machine) releaseOne(h *hold) {
 // While a handoff that granted the owner early is in flight, the release waits for
 // its reply: sent at once, it could reach Redis first and find nothing to release.
 func (m *machine) abandon(l *lockState, owner uint64, field string, drop int) {
-	if q := m.serial[holdKey{l.id, owner}]; q != nil && q.active && q.early {
-		q.pending = append(q.pending, abandonMsg{lock: l.id, owner: owner, field: field, drop: drop})
+	m.cleanUp(l, abandonMsg{lock: l.id, owner: owner, field: field, drop: drop})
+}
+
+// cleanUp runs the owner-guarded release c describes (see abandon).
+func (m *machine) cleanUp(l *lockState, c abandonMsg) {
+	if q := m.serial[holdKey{l.id, c.owner}]; q != nil && q.busy > 0 && q.early {
+		q.pending = append(q.pending, c)
 		return
 	}
 	keys := []string{l.name, l.channel}
 	if l.fair != nil {
 		keys = append(keys, l.fair.queue)
-		m.addLeaving(l, owner)
+		m.addLeaving(l, c.owner)
 	}
 	m.run(scriptCall{
 		script:   scripts.LockReleaseOwner,
 		keys:     keys,
-		args:     []string{unlockMessage, field, strconv.Itoa(drop)},
+		args:     []string{unlockMessage, c.field, strconv.Itoa(c.drop)},
 		purpose:  purposeAbandon,
 		lock:     l.id,
-		owner:    owner,
-		giveBack: m.startGiveBack(holdKey{l.id, owner}),
+		owner:    c.owner,
+		giveBack: m.startGiveBack(holdKey{l.id, c.owner}),
+		relayed:  c.relayed,
 	})
 }

@@ -166,6 +166,9 @@ type lockState struct {
 	// force-release, or (fair) claim as an unheard grant a field the handoff is
 	// about to swap or its cleanup to delete.
 	handingOff bool
+	// relay: the holders granted with no call while that handoff is in flight
+	// (see relay.go); nil when there are none.
+	relay *relay
 	// wakePending records an unlock message or TTL deadline that arrived while an
 	// attempt was in flight: the attempt may have run before the release, so the
 	// head must retry once more if it failed.
@@ -348,6 +351,9 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeUnlock:
 		m.onUnlockDone(d, now)
 	case purposeAbandon:
+		if d.call.relayed != nil {
+			m.answerRelay(d.call.relayed, relayOutcome(d, d.err == nil && d.reply.Int == -1))
+		}
 		if d.call.script == scripts.LockLeave {
 			m.onLeaveRegDone(d, now)
 			break
@@ -410,10 +416,11 @@ func isRedisError(err error) bool {
 // one's) release and taken from their message or claimed, without a call of their
 // own (see fair.go, directgrant.go); GrantsGivenBack counts the reentrant lock's
 // direct grants that nobody could take. EarlyGrants counts local handoffs that
-// granted before their reply (see handoff.go).
+// granted before their reply (see handoff.go), relayed ones included; Relays counts
+// those that needed no call of their own (see relay.go).
 type Stats struct {
 	Acquires, Attempts, Grants, Handoffs, Revoked, Notices uint64
-	DirectGrants, GrantsGivenBack, EarlyGrants             uint64
+	DirectGrants, GrantsGivenBack, EarlyGrants, Relays     uint64
 	ScriptCalls, Renewals, Subscribes                      uint64
 	Waiters, Holds, Locks, Receipts                        int
 }

@@ -105,10 +105,11 @@ type (
 	// abandonMsg: an owner-guarded cleanup of a plain lock that waited behind an
 	// early handoff to its owner (see abandon); never posted to the mailbox.
 	abandonMsg struct {
-		lock  uint64 // the lock's id: the handoff in flight keeps its state live
-		owner uint64
-		field string
-		drop  int
+		lock    uint64 // the lock's id: the handoff in flight keeps its state live
+		owner   uint64
+		field   string
+		drop    int
+		relayed *relay // the relay whose Unlocks its reply answers (see relay.go), or nil
 	}
 )
 

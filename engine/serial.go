@@ -24,15 +24,15 @@ const maxFreeCalls = 256
 
 // ownerCalls is one owner's serialization state.
 type ownerCalls struct {
-	active  bool      // a serialized call is in flight
-	early   bool      // that call is a handoff that granted this owner early (see handoff.go)
+	busy    int       // serialized calls in flight: one, or two while a relay's follow-up is (see relay.go)
+	early   bool      // a call in flight is a handoff that granted this owner early (see handoff.go)
 	pending []message // requests waiting for it, in arrival order
 }
 
 // deferIfBusy parks msg behind the owner's call in flight and reports whether it did.
 func (m *machine) deferIfBusy(k holdKey, msg message) bool {
 	q := m.serial[k]
-	if q == nil || !q.active {
+	if q == nil || q.busy == 0 {
 		return false
 	}
 	q.pending = append(q.pending, msg)
@@ -51,7 +51,7 @@ func (m *machine) markBusy(k holdKey) {
 		}
 		m.serial[k] = q
 	}
-	q.active = true
+	q.busy++
 }
 
 // markIdle records that the owner's call has been answered, and handles the
@@ -61,18 +61,23 @@ func (m *machine) markIdle(k holdKey, now time.Time) {
 	if q == nil {
 		return
 	}
-	q.active = false
+	if q.busy > 0 {
+		q.busy--
+	}
+	if q.busy > 0 {
+		return // the owner's other call is still in flight
+	}
 	q.early = false
-	for len(q.pending) > 0 && !q.active {
+	for len(q.pending) > 0 && q.busy == 0 {
 		msg := q.pending[0]
 		q.pending[0] = nil
 		q.pending = q.pending[1:]
 		m.handle(msg, now)
 	}
-	if l := m.lockByID[k.lock]; !q.active && l != nil && l.queue.head != nil {
+	if l := m.lockByID[k.lock]; q.busy == 0 && l != nil && l.queue.head != nil {
 		m.advance(l, now) // a waiter of the owner's may wait for it to be idle (fairAdvance, startAttempt)
 	}
-	if !q.active && len(q.pending) == 0 {
+	if q.busy == 0 && len(q.pending) == 0 {
 		delete(m.serial, k)
 		if len(m.freeCalls) < maxFreeCalls {
 			q.pending = q.pending[:0]
@@ -84,7 +89,7 @@ func (m *machine) markIdle(k holdKey, now time.Time) {
 // ownerBusy reports whether the owner has a serialized call in flight.
 func (m *machine) ownerBusy(k holdKey) bool {
 	q := m.serial[k]
-	return q != nil && q.active
+	return q != nil && q.busy > 0
 }
 
 // onSettle completes a Settle once the owner has no serialized call in flight, and

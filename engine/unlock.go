@@ -18,6 +18,9 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	var h *hold
 	l := m.locks[msg.lock]
 	if l != nil {
+		if m.relayUnlock(l, msg, now) {
+			return
+		}
 		key := holdKey{l.id, msg.owner}
 		if m.deferIfBusy(key, msg) {
 			return
