@@ -216,6 +216,11 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 	}
 	switch {
 	case d.err != nil:
+		// Whether it ran is unknown: the releasing hold counts as lost and its
+		// field goes, owner-guarded, as for a failed release (onUnlockDone).
+		if h != nil {
+			m.loseHold(h, true)
+		}
 		d.call.unlock.Complete(d.err)
 		if w != nil {
 			if len(d.call.args) > 9 && d.call.args[9] != "" {
@@ -270,7 +275,7 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 			m.runLeave(l, d.call.waiter, "")
 		}
 	case d.reply.Nil: // the releasing owner had lost the lock: the waiter retries normally
-		d.call.unlock.Complete(m.unlockFoundLost(h))
+		d.call.unlock.Complete(m.unlockFoundLost(holdKey{d.call.lock, d.call.owner}, h))
 		m.handoffRefused(w)
 	default: // the releasing owner still holds it
 		if h != nil && h.count > 1 {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leash-go/leash/futures"
 	"github.com/leash-go/leash/internal/scripts"
 	"github.com/leash-go/leash/timer"
 )
@@ -42,7 +43,9 @@ func TestMachineUnlock(t *testing.T) {
 		{"reply 0: still held, one count less", replyInt(0), nil, nil, 1, false},
 		{"reply 1: released", replyInt(1), nil, nil, 0, false},
 		{"reply nil: the hold was gone", replyNil, nil, ErrNotHeld, 0, true},
-		{"transport error, twice", scripts.Reply{}, errConn, errConn, 2, false},
+		// Whether it ran is unknown: the hold counts as lost and its field goes,
+		// owner-guarded (so the watchdog does not renew it for ever).
+		{"transport error, twice", scripts.Reply{}, errConn, errConn, 0, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -98,6 +101,12 @@ func TestMachineUnlock(t *testing.T) {
 				mustFired(t, "Lost", lost)
 			} else {
 				mustNotFired(t, "Lost", lost)
+			}
+			if tt.err != nil {
+				if r := s.one(t, scripts.LockReleaseOwner); !slices.Equal(r.args, []string{"0", "cid:1", "0"}) {
+					t.Errorf("release_owner args %v, want owner 1's field, all holds", r.args)
+				}
+				return
 			}
 			s.none(t)
 		})
@@ -241,18 +250,24 @@ func TestMachineHandoff(t *testing.T) {
 		}
 	})
 	t.Run("transport error", func(t *testing.T) {
+		// Whether the handoff ran is unknown: the releasing hold counts as lost
+		// (the watchdog must not renew it for ever) and its field goes, guarded.
 		h, a, b := setup(t)
+		lost := h.hold("L", 1).lostSignal().C()
 		f := h.unlock("L", a.owner)
 		h.reply(h.take().one(t, scripts.LockHandoff), scripts.Reply{}, errConn)
 		if err := mustGet(t, "unlock", f); !errors.Is(err, errConn) {
 			t.Fatalf("unlock got %v, want the transport error", err)
 		}
+		mustFired(t, "the releasing hold's Lost", lost)
 		mustPending(t, "receiver", b.future)
 		s := h.take()
-		s.none(t)
+		if r := s.one(t, scripts.LockReleaseOwner); !slices.Equal(r.args, []string{"0", "cid:1", "0"}) {
+			t.Errorf("release_owner args %v, want owner 1's field, all holds", r.args)
+		}
 		s.retryArmed(t)
-		if h.hold("L", 1) == nil {
-			t.Error("hold dropped on an ambiguous error")
+		if h.hold("L", 1) != nil {
+			t.Error("hold kept after an ambiguous error")
 		}
 	})
 	t.Run("receiver cancelled during the handoff", func(t *testing.T) {
@@ -473,4 +488,26 @@ func TestMachineReleaseWakesLateWaiters(t *testing.T) {
 			t.Fatal("the head's retry did not take the lock")
 		}
 	})
+}
+
+// An Unlock whose release finds the field gone after the hold was already dropped
+// as lost (a force-release from this client, answered first) reports ErrLockLost,
+// not ErrNotHeld: the hold was lost, not never held.
+func TestMachineUnlockAfterForceReleaseReportsLost(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	c, f := h.unlockCall(t, "L", 1, scripts.LockRelease)
+	ff := futures.New[forceResult]()
+	h.m.handle(forceUnlockMsg{lock: "L", future: ff}, h.now)
+	h.reply(h.take().one(t, scripts.LockForceRelease), replyInt(1), nil)
+	if h.hold("L", 1) != nil {
+		t.Fatal("the force-released hold kept")
+	}
+	h.reply(c, replyNil, nil)
+	if err := mustGet(t, "unlock", f); !errors.Is(err, ErrLockLost) {
+		t.Fatalf("unlock got %v, want ErrLockLost", err)
+	}
+	if _, kept := h.m.lostHolds[holdKey{h.lockID("L"), 1}]; kept {
+		t.Error("the lost-hold entry kept after the Unlock answered it")
+	}
 }

@@ -181,13 +181,13 @@ func relayOutcome(d scriptDone, gone bool) error {
 // answerRelay answers the relayed holders' Unlocks with err, and closes their
 // Lost signals unless err is nil.
 func (m *machine) answerRelay(r *relay, err error) {
-	for _, f := range r.unlocks {
-		f.Complete(err)
-	}
 	if err != nil {
 		for _, s := range r.lost {
-			s.Fire()
+			s.Fire() // first: an Unlock that reports the loss finds Lost closed
 		}
+	}
+	for _, f := range r.unlocks {
+		f.Complete(err)
 	}
 }
 

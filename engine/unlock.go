@@ -87,6 +87,12 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 	}
 	switch {
 	case d.err != nil:
+		// Tried twice: whether it ran is unknown, so the hold counts as lost (not
+		// renewed, its Lost closed) and its field is released owner-guarded once
+		// more; at worst the lock ends with its lease.
+		if h != nil {
+			m.loseHold(h, true)
+		}
 		d.call.unlock.Complete(d.err)
 	case d.reply.Nil && d.call.retried:
 		// The first try most likely ran before its connection failed: the lock is
@@ -96,7 +102,7 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 		}
 		d.call.unlock.Complete(nil)
 	case d.reply.Nil: // the owner's field is gone: the lease ran out, or a force-release
-		d.call.unlock.Complete(m.unlockFoundLost(h))
+		d.call.unlock.Complete(m.unlockFoundLost(holdKey{d.call.lock, d.call.owner}, h))
 	case d.reply.Int == 0: // still held, one count less
 		if h != nil && h.count > 1 {
 			h.count--
@@ -189,12 +195,16 @@ func (m *machine) onLost(msg lostMsg) {
 }
 
 // unlockFoundLost ends a hold whose Unlock found the owner's field gone, and returns
-// the Unlock's answer: ErrNotHeld, and ErrLockLost when a local hold was lost.
-func (m *machine) unlockFoundLost(h *hold) error {
-	if h == nil {
+// the Unlock's answer: ErrNotHeld, and ErrLockLost when a local hold was lost (h,
+// or one already dropped as lost: a force-release, an expiry while the call was in
+// flight).
+func (m *machine) unlockFoundLost(k holdKey, h *hold) error {
+	if h != nil {
+		m.loseHold(h, false)
+	}
+	if _, lost := m.lostHolds[k]; !lost {
 		return ErrNotHeld
 	}
-	m.loseHold(h, false)
-	delete(m.lostHolds, holdKey{h.lock.id, h.owner}) // answered here
+	delete(m.lostHolds, k) // answered here
 	return errHoldLost
 }

@@ -368,3 +368,33 @@ func TestCancelSelectRace(t *testing.T) {
 		t.Fatalf("%d times two holders were inside at once", v)
 	}
 }
+
+// TestFailedUnlockEndsWithLease: an Unlock that fails twice against a frozen server
+// reports the error, and the hold counts as lost: its Lost is closed, nothing
+// renews it, and the lock goes (an owner-guarded release, or at worst its lease).
+// The watchdog used to renew such a hold for ever.
+func TestFailedUnlockEndsWithLease(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	c := newClient(t, srv, lockapi.Options{WatchdogTimeout: 2 * time.Second, OpTimeout: 300 * time.Millisecond})
+	name := lockName(t, "")
+	m := c.Mutex(name)
+	lockWithin(t, m, 5*time.Second)
+	_, resume := freeze(t, srv)
+	err := m.Unlock(ctxFor(t, 10*time.Second))
+	resume()
+	if err == nil || errors.Is(err, lockapi.ErrNotHeld) {
+		t.Fatalf("Unlock against a frozen server = %v, want a Redis error", err)
+	}
+	if !isClosed(m.Lost()) {
+		t.Error("Lost still open after the failed Unlock")
+	}
+	if s := stats(t, c); s.Holds != 0 {
+		t.Errorf("%d holds kept after the failed Unlock", s.Holds)
+	}
+	// Three leases: a renewed hold would still be there.
+	eventually(t, 6*time.Second, "the lock to go", func() bool { return do(t, srv, "EXISTS", name) == "0" })
+	if n, err := m.HoldCount(ctxFor(t, 5*time.Second)); err != nil || n != 0 {
+		t.Errorf("HoldCount = %d, %v; want 0", n, err)
+	}
+}

@@ -113,8 +113,9 @@ func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, e
 // that has waiters). It returns nil when released; ErrNotHeld when this handle does
 // not hold the lock, or its hold was lost; ctx's error when ctx ends before the
 // answer (the release still goes ahead); ErrClosed; ErrInvalidArgument; or a
-// wrapped Redis error (the release was tried twice and failed: the lock ends with
-// its lease).
+// wrapped Redis error (the release was tried twice and failed: the hold counts as
+// lost, so Lost is closed and nothing renews it, and an owner-guarded release is
+// tried once more; at worst the lock ends with its lease).
 //
 // The release runs under the client's own bounded context even if ctx has already
 // ended, so a dead context never leaves the lock held until its lease runs out; ctx

@@ -1,7 +1,9 @@
 package lockapi_test
 
 import (
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -77,4 +79,60 @@ func TestRelayZeroHolds(t *testing.T) {
 			freedSoon(t, srv, name)
 		})
 	}
+}
+
+// TestRelayForceUnlockStorm: another client force-unlocks the lock again and again
+// while two clients' goroutines take it with nothing inside, relayed or not. An
+// Unlock that reports ErrLockLost finds its hold's Lost channel already closed
+// (relayed holds once had it closed just after), and everything settles.
+func TestRelayForceUnlockStorm(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	opts := lockapi.Options{WatchdogTimeout: time.Second}
+	cs := []*lockapi.Client{newClient(t, srv, opts), newClient(t, srv, opts)}
+	forcer := newClient(t, srv, lockapi.Options{})
+	name := lockName(t, "")
+	var lostOpen, lostClosed atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 20 {
+		m := cs[i%2].Mutex(name)
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := m.Lock(ctxFor(t, 10*time.Second)); err != nil {
+					t.Errorf("Lock: %v", err)
+					return
+				}
+				lost := m.Lost()
+				err := m.Unlock(ctxFor(t, 10*time.Second))
+				switch {
+				case errors.Is(err, lockapi.ErrLockLost) && isClosed(lost):
+					lostClosed.Add(1)
+				case errors.Is(err, lockapi.ErrLockLost):
+					lostOpen.Add(1)
+				case err != nil && !errors.Is(err, lockapi.ErrNotHeld):
+					t.Errorf("Unlock: %v", err)
+				}
+			}
+		})
+	}
+	fm := forcer.Mutex(name)
+	for deadline := time.Now().Add(1500 * time.Millisecond); time.Now().Before(deadline); {
+		time.Sleep(time.Duration(2+rand.IntN(20)) * time.Millisecond) // not a wait for state: it spaces the force-unlocks
+		if _, err := fm.ForceUnlock(ctxFor(t, 10*time.Second)); err != nil {
+			t.Errorf("ForceUnlock: %v", err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("ErrLockLost with Lost closed: %d, with Lost still open: %d", lostClosed.Load(), lostOpen.Load())
+	if n := lostOpen.Load(); n > 0 {
+		t.Errorf("%d Unlocks returned ErrLockLost while the hold's Lost channel was still open", n)
+	}
+	mutexSettled(t, srv, name, cs...)
 }
