@@ -75,7 +75,7 @@ func (m *machine) advance(l *lockState, now time.Time) {
 		m.fairAdvance(l, now)
 		return
 	}
-	if l.attempting != nil || l.handingOff || l.queue.head == nil || m.closing {
+	if l.attempting != nil || l.handingOff || l.queue.head == nil || m.closing || m.yieldPending(l) {
 		return
 	}
 	if l.wakePending {
@@ -577,6 +577,9 @@ func (m *machine) onUnlockNotice(channel, payload string, now time.Time) {
 		return
 	}
 	m.stats.Notices++
+	if (l.queue.head.registered || m.yieldPending(l)) && m.yieldToPublic(l) {
+		return // a head that need not race gives way; a pending yield takes the message
+	}
 	m.wakeHead(l, now)
 }
 

@@ -62,6 +62,11 @@ type Config struct {
 	// FairWait is the fair lock's wait allowance (Redisson's fairLockWaitTimeout):
 	// how long a queued waiter whose process is gone keeps its place. Default 5 min.
 	FairWait time.Duration
+	// PublicYield is how long a head that need not race waits before it tries for
+	// a lock released to everyone (see yieldToPublic in directgrant.go). Default
+	// 1 ms, the timing wheel's tick (the wheel rounds down: the wait is up to a
+	// tick); negative: no wait.
+	PublicYield time.Duration
 }
 
 // Engine is the loop around the state machine. Its methods are safe for concurrent
@@ -143,6 +148,9 @@ func New(cfg Config) (*Engine, error) {
 	if cfg.FairWait <= 0 {
 		cfg.FairWait = 5 * time.Minute
 	}
+	if cfg.PublicYield == 0 {
+		cfg.PublicYield = time.Millisecond
+	}
 	e := &Engine{
 		m: newMachine(config{
 			clientID:     cfg.ClientID,
@@ -151,6 +159,7 @@ func New(cfg Config) (*Engine, error) {
 			handoffAge:   cfg.HandoffAge,
 			linger:       cfg.Linger,
 			fairWait:     cfg.FairWait,
+			publicYield:  max(cfg.PublicYield, 0),
 		}),
 		runner:    cfg.Runner,
 		sub:       cfg.Subscriber,

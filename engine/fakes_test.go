@@ -432,6 +432,7 @@ func newEngine(t *testing.T, runner scripts.Runner, mutate ...func(*Config)) *eh
 			return h.timer
 		},
 		CloseTimeout: 2 * time.Second,
+		PublicYield:  -1, // a yield waits for a timer, and the fake one moves only when told
 	}
 	if r, ok := runner.(*manualRunner); ok {
 		cfg.AbortIO = r.abort

@@ -259,6 +259,8 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		d.call.unlock.Complete(nil)
 		m.handoffRefused(w)
 		switch {
+		case d.reply.Int == 1 && l != nil && l.fair == nil:
+			m.yieldToPublic(l) // released to everyone: others first (directgrant.go)
 		case d.reply.Int != 4 || l == nil:
 		case w != nil && w.queued && l.queue.head == w:
 			// Registered; a grant to it may have been heard meanwhile.

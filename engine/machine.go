@@ -24,6 +24,8 @@ type config struct {
 	// fairWait is the fair lock's wait allowance: how long a queued waiter may be
 	// gone before it loses its place (Redisson's fairLockWaitTimeout).
 	fairWait time.Duration
+	// publicYield: see yieldToPublic; 0 turns it off.
+	publicYield time.Duration
 }
 
 // Retry and sweep constants.
@@ -195,6 +197,11 @@ type lockState struct {
 	lingerGen  uint64
 	backoff    time.Duration
 	backingOff bool // a transport error: no attempt until the retry timer fires
+
+	// yieldGen: the generation of the retry timer when it was armed as a yield to
+	// unregistered listeners (see yieldToPublic); the yield is pending while the
+	// timer still has it.
+	yieldGen uint64
 
 	// registered: an attempt registered a waiter for direct grants since the
 	// subscription was made (see directgrant.go, queueEmptied).

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
 )
 
 // Direct grants of the reentrant lock (directgrant.go), on the machine alone.
@@ -153,5 +154,172 @@ func TestMachineSubscribeErrorRetries(t *testing.T) {
 	}
 	if armed := h.take().armed(kindRetry); len(armed) != 1 || armed[0].d != subscribeRetry {
 		t.Fatalf("retry timers %+v, want one in %v", armed, subscribeRetry)
+	}
+}
+
+// Yielding to unregistered listeners (directgrant.go): a registered head that hears
+// a public unlock message, and the releasing client's head after its release at
+// the chain bound went public, wait cfg.publicYield before they attempt.
+func TestMachineYieldToPublic(t *testing.T) {
+	yielding := func(t *testing.T) *mh {
+		h := newMH(t, func(c *config) { c.publicYield = time.Millisecond })
+		h.m.grantSub = subSubscribed
+		return h
+	}
+	t.Run("a registered head waits, once however many messages", func(t *testing.T) {
+		h := yielding(t)
+		w, att := h.registeredWaiter(t, "L", 1)
+		h.reply(att, replyPTTL(30*time.Second), nil)
+		h.take()
+		h.notice("L")
+		s := h.take()
+		if len(s.calls(scripts.LockAcquire)) != 0 {
+			t.Fatalf("attempt at once on a public message: %v", s)
+		}
+		armed := s.armed(kindRetry)
+		if len(armed) != 1 || armed[0].d != time.Millisecond {
+			t.Fatalf("retry timers armed %+v, want one of 1 ms", armed)
+		}
+		h.notice("L")
+		if s := h.take(); len(s.scripts) != 0 || len(s.armed(kindRetry)) != 0 {
+			t.Fatalf("a second message during the yield: %v; want nothing", s)
+		}
+		h.fire(armed[0].key)
+		if c := h.take().one(t, scripts.LockAcquire); c.waiter != w.id {
+			t.Fatalf("attempt of %d after the yield, want %d", c.waiter, w.id)
+		}
+	})
+	t.Run("an unregistered head races at once", func(t *testing.T) {
+		h := yielding(t)
+		w := h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyPTTL(30*time.Second), nil)
+		h.take()
+		h.notice("L")
+		if c := h.take().one(t, scripts.LockAcquire); c.waiter != w.id {
+			t.Fatalf("attempt of %d, want %d", c.waiter, w.id)
+		}
+	})
+	t.Run("the releasing head after a public release at the chain bound", func(t *testing.T) {
+		h := newMH(t, func(c *config) { c.publicYield = time.Millisecond; c.handoffChain = 1 })
+		a := h.grantFresh("L", 1, 0)
+		h.acquire("L", 2, 0, -1)
+		w := h.acquire("L", 3, 0, -1)
+		h.take()
+		h.unlock("L", a.owner)
+		h.reply(h.take().one(t, scripts.LockHandoff), replyInt(2), nil) // the chain's first
+		h.take()
+		h.unlock("L", 2)
+		c := h.take().one(t, scripts.LockHandoff)
+		if c.args[4] != "1" || c.early {
+			t.Fatalf("handoff args %v early %v, want a bounded one", c.args, c.early)
+		}
+		h.notice("L") // its own unlock message, before the reply
+		h.reply(c, replyInt(1), nil)
+		s := h.take()
+		if len(s.calls(scripts.LockAcquire)) != 0 {
+			t.Fatalf("the releasing head attempted at once: %v", s)
+		}
+		armed := s.armed(kindRetry)
+		if len(armed) != 1 || armed[0].d != time.Millisecond {
+			t.Fatalf("retry timers armed %+v, want one of 1 ms", armed)
+		}
+		h.fire(armed[0].key)
+		if c := h.take().one(t, scripts.LockAcquire); c.waiter != w.id {
+			t.Fatalf("attempt of %d after the yield, want %d", c.waiter, w.id)
+		}
+	})
+}
+
+// A yield stands for the message it delays: a leave that re-registers the next head
+// meanwhile must not re-park the lock for a lease, which would lose that message.
+func TestMachineYieldSurvivesLeave(t *testing.T) {
+	h := newMH(t, func(c *config) { c.publicYield = time.Millisecond })
+	h.m.grantSub = subSubscribed
+	a, att := h.registeredWaiter(t, "L", 1)
+	h.reply(att, replyPTTL(30*time.Second), nil)
+	b := h.acquire("L", 2, 0, -1)
+	h.take()
+	h.notice("L")
+	yield := h.take().armed(kindRetry)
+	if len(yield) != 1 || yield[0].d != time.Millisecond {
+		t.Fatalf("retry timers %+v, want the 1 ms yield", yield)
+	}
+	h.cancelCtx(a) // the registered head leaves: owner 2's waiter registers in its place
+	s := h.take()
+	leave := s.one(t, scripts.LockLeave)
+	h.reply(leave, replyInt(0), nil)
+	for _, r := range append(s.armed(kindRetry), h.take().armed(kindRetry)...) {
+		if r.d > time.Millisecond {
+			t.Fatalf("retry re-armed for %v during the yield: the message's attempt would wait that long", r.d)
+		}
+	}
+	l := h.lock("L")
+	h.fire(timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen})
+	if c := h.take().one(t, scripts.LockAcquire); c.waiter != b.id {
+		t.Fatalf("attempt of %d, want %d", c.waiter, b.id)
+	}
+}
+
+// The releasing client's own unlock message may arrive after lock_handoff's reply 1
+// (the two come on different connections): the pending yield takes it in (review
+// finding: it used to end the yield for a client whose waiters chain locally).
+func TestMachineYieldOwnMessageAfterReply(t *testing.T) {
+	h := newMH(t, func(c *config) { c.publicYield = time.Millisecond; c.handoffChain = 1 })
+	a := h.grantFresh("L", 1, 0)
+	h.acquire("L", 2, 0, -1)
+	h.acquire("L", 3, 0, -1)
+	h.take()
+	h.unlock("L", a.owner)
+	h.reply(h.take().one(t, scripts.LockHandoff), replyInt(2), nil)
+	h.take()
+	h.unlock("L", 2)
+	c := h.take().one(t, scripts.LockHandoff)
+	h.reply(c, replyInt(1), nil) // released to everyone
+	if s := h.take(); len(s.scripts) != 0 || len(s.armed(kindRetry)) != 1 {
+		t.Fatalf("after reply 1: %v, want the yield only", s)
+	}
+	h.notice("L") // its own unlock message, after the reply
+	if s := h.take(); len(s.calls(scripts.LockAcquire)) != 0 {
+		t.Fatalf("its own message after the reply ended the yield: %v", s)
+	}
+}
+
+// Only a registered head yields to a public message: the lock's registered flag
+// outlives the registration (review finding: a head that never registered, in a
+// client whose registration a grant had consumed, yielded).
+func TestMachineYieldOnlyRegisteredHeads(t *testing.T) {
+	h := newMH(t, func(c *config) { c.publicYield = time.Millisecond; c.handoffChain = 1 })
+	h.m.grantSub = subSubscribed
+	a, att := h.registeredWaiter(t, "L", 1)
+	h.reply(att, replyPTTL(30*time.Second), nil)
+	h.take()
+	h.subscribed("L")
+	h.reply(h.take().one(t, scripts.LockAcquire), replyPTTL(30*time.Second), nil)
+	h.take()
+	b := h.acquire("L", 2, 0, -1)
+	h.acquire("L", 3, 0, -1)
+	h.take()
+	h.grantMessage(a) // a takes a direct grant: the grant consumed this client's registration
+	h.take()
+	mustGranted(t, "a", a.future)
+	h.unlock("L", 1) // early handoff to b
+	hc := h.take().one(t, scripts.LockHandoff)
+	mustGranted(t, "b", b.future)
+	h.reply(hc, replyInt(2), nil)
+	h.take()
+	h.unlock("L", 2) // at the bound: released to everyone (a Redisson waiter listens)
+	hc = h.take().one(t, scripts.LockHandoff)
+	h.reply(hc, replyInt(1), nil)
+	y := h.take().retryArmed(t)
+	h.fire(y.key)
+	first := h.take().one(t, scripts.LockAcquire)
+	if len(first.args) != 2 {
+		t.Fatalf("c's first attempt args %v, want no registration", first.args)
+	}
+	h.reply(first, replyPTTL(30*time.Second), nil) // the Redisson waiter took it
+	h.take()
+	h.notice("L") // the Redisson holder releases
+	if s := h.take(); len(s.calls(scripts.LockAcquire)) != 1 {
+		t.Fatalf("an unregistered head yielded on a public message: %v", s)
 	}
 }

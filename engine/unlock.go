@@ -119,7 +119,8 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 			// 2: nobody else listened, so nothing was published. 1: the unlock
 			// message may have come before this reply, when no local waiter was
 			// there to hear it, and a waiter that came since parked behind the
-			// local hold. Either way this client's head, if any, tries now.
+			// local hold. Either way this client's head, if any, tries now (or
+			// when a pending yield ends: see yieldToPublic).
 			m.mayBeFree(l)
 		}
 		d.call.unlock.Complete(nil)

@@ -85,6 +85,7 @@ func New(opts Options) (*Client, error) {
 		OpTimeout:    opts.OpTimeout,
 		CloseTimeout: opts.CloseTimeout,
 		FairWait:     opts.FairWaitTimeout,
+		PublicYield:  opts.PublicYield,
 		AbortIO:      c.abortIO,
 	})
 	if err != nil {

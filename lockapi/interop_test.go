@@ -10,6 +10,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -371,4 +372,97 @@ func TestSelectedDB(t *testing.T) {
 	}
 	unlock(t, o)
 	unlock(t, m)
+}
+
+// TestInteropForeignWaiterNotStarved: leash clients with local chains hammer a lock
+// (three clients of three goroutines, 200 µs holds) while a Redisson-style client
+// waits as Redisson does: it subscribes, tries, tries again on each unlock message
+// (or when the TTL it was told runs out), and unsubscribes once it holds the lock.
+// Leash heads that need not race give way to it (Options.PublicYield; see
+// engine/directgrant.go), so it loses few races; without that it lost about a
+// hundred for each acquisition and waited 0.3-1 s for each.
+func TestInteropForeignWaiterNotStarved(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	name := lockName(t, "")
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	defer func() {
+		close(stop)
+		wg.Wait()
+	}()
+	for range 3 {
+		c := newClient(t, srv, lockapi.Options{})
+		for range 3 {
+			m := c.Mutex(name)
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if err := m.Lock(ctxFor(t, 30*time.Second)); err != nil {
+						t.Errorf("Lock: %v", err)
+						return
+					}
+					for t0 := time.Now(); time.Since(t0) < 200*time.Microsecond; {
+					} // a short hold, spun: a sleep would last a millisecond or more
+					if err := m.Unlock(ctxFor(t, 30*time.Second)); err != nil {
+						t.Errorf("Unlock: %v", err)
+						return
+					}
+				}
+			})
+		}
+	}
+	java := newForeign(t, srv)
+	sub := dialRESP(t, srv.Addr())
+	channel := redissonChannel(name)
+	const rounds, bound = 20, 10 * time.Second
+	start := time.Now()
+	var worst time.Duration
+	var tries, worstTries int
+	for range rounds {
+		t0 := time.Now()
+		if err := sub.send("SUBSCRIBE", channel); err != nil {
+			t.Fatal(err)
+		}
+		for n := 1; ; n++ {
+			got := java.tryLock(t, name, 30*time.Second)
+			tries++
+			worstTries = max(worstTries, n)
+			if got == "" {
+				break
+			}
+			if time.Since(start) > bound {
+				t.Fatalf("the foreign client took the lock %d times in %v: starved", rounds, bound)
+			}
+			ttl, _ := strconv.Atoi(got)
+			_, _ = sub.read(time.Duration(max(ttl, 1)) * time.Millisecond) // a message (or the SUBSCRIBE reply), or its TTL
+		}
+		worst = max(worst, time.Since(t0))
+		if err := sub.send("UNSUBSCRIBE", channel); err != nil {
+			t.Fatal(err)
+		}
+		if got := java.unlock(t, name); got != "1" {
+			t.Fatalf("foreign unlock = %q, want 1", got)
+		}
+		drainRESP(sub)
+	}
+	t.Logf("%d foreign acquisitions in %v, the longest wait %v; %d tries, at most %d for one", rounds, time.Since(start), worst, tries, worstTries)
+	// A try lost is a race lost to a leash head.
+	if tries > 15*rounds {
+		t.Fatalf("the foreign client needed %d tries for %d acquisitions: leash heads won the races", tries, rounds)
+	}
+}
+
+// drainRESP reads whatever c has buffered (replies to (un)subscribe, messages)
+// until it has been quiet for a moment.
+func drainRESP(c *respConn) {
+	for {
+		if _, err := c.read(5 * time.Millisecond); err != nil {
+			return
+		}
+	}
 }

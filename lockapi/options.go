@@ -24,6 +24,9 @@ const (
 	DefaultCloseTimeout = 5 * time.Second
 	// DefaultDialTimeout bounds New's first connection and PING.
 	DefaultDialTimeout = 5 * time.Second
+	// DefaultPublicYield is Options.PublicYield's default: one tick of the engine's
+	// timing wheel.
+	DefaultPublicYield = time.Millisecond
 )
 
 // Options configure a Client. The zero value of every field means its default.
@@ -62,6 +65,12 @@ type Options struct {
 	CloseTimeout time.Duration
 	// DialTimeout bounds New's first connection and PING. Default DefaultDialTimeout.
 	DialTimeout time.Duration
+	// PublicYield is how long a waiting Mutex that need not race for a lock released
+	// to everyone waits before it tries, so that a Redisson client waiting on the
+	// same lock is not outrun by leash clients every time (see the README's
+	// "Redisson clients are woken, not passed over"). Default DefaultPublicYield;
+	// negative turns it off.
+	PublicYield time.Duration
 }
 
 // withDefaults validates o and fills in defaults.
@@ -95,6 +104,9 @@ func (o Options) withDefaults() (Options, error) {
 		case *f.d == 0:
 			*f.d = f.def
 		}
+	}
+	if o.PublicYield == 0 {
+		o.PublicYield = DefaultPublicYield
 	}
 	if o.WatchdogTimeout < MinWatchdogTimeout {
 		return o, fmt.Errorf("%w: Options.WatchdogTimeout %v is below %v", ErrInvalidArgument, o.WatchdogTimeout, MinWatchdogTimeout)
