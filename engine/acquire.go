@@ -97,7 +97,7 @@ func (m *machine) advance(l *lockState, now time.Time) {
 // first local waiter in the Redis queue.
 func (m *machine) mayBeFree(l *lockState) {
 	l.parked = false
-	if l.attempting != nil {
+	if l.fair == nil && l.attempting != nil {
 		// The attempt in flight may have run before the lock became free: its head
 		// retries once more if refused, as for an unlock message (wakeHead).
 		l.wakePending = true

@@ -120,8 +120,11 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 			// message may have come before this reply, when no local waiter was
 			// there to hear it, and a waiter that came since parked behind the
 			// local hold. Either way this client's head, if any, tries now (or
-			// when a pending yield ends: see yieldToPublic).
-			m.mayBeFree(l)
+			// when a pending yield ends: see yieldToPublic). A fair release
+			// grants the queue's head itself, and tells it (fair.go).
+			if l.fair == nil || d.reply.Int == 2 {
+				m.mayBeFree(l)
+			}
 		}
 		d.call.unlock.Complete(nil)
 	}
