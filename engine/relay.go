@@ -55,8 +55,8 @@ type relay struct {
 	from       holdKey                  // the call's receiver: its field is on the server after the call
 	fromField  string                   // that field
 	fromLease  time.Duration            // its lease (re-applied if the server still counts more)
-	unlocks    []*futures.Future[error] // the relayed holders' Unlocks, answered at the reply
-	lost       []*futures.Signal        // their Lost signals, if anybody asked (closed if the call fails)
+	unlocks    []*futures.Future[error] // the relayed holders' Unlocks, answered by the call that ends the relay (answerRelay)
+	lost       []*futures.Signal        // their Lost signals, if anybody asked (closed if their Unlocks fail)
 	between    []uint64                 // owners granted and relayed on in between (their calls wait)
 	tail       holdKey                  // the owner granted last (its calls wait)
 	tailHold   uint64                   // its hold's id (0 if the grant went back at once)
