@@ -93,8 +93,9 @@ func (m *machine) advance(l *lockState, now time.Time) {
 }
 
 // mayBeFree records that the lock may have become free (a local hold ended without
-// a release message, a force-release): a parked head retries; for a fair lock, the
-// first local waiter in the Redis queue.
+// a release message, a force-release, this client's own release whose message may
+// have gone unheard): a parked head retries; for a fair lock, the first local
+// waiter in the Redis queue.
 func (m *machine) mayBeFree(l *lockState) {
 	l.parked = false
 	if l.fair == nil && l.attempting != nil {

@@ -336,9 +336,10 @@ func (m *machine) holdField(lock string, owner uint64) string {
 // chains up to the handoff bound before its next public release. So under steady
 // leash contention a Redisson waiter lost nearly every race: in a stress run
 // (three clients of three goroutines each, 200 µs holds) a Redisson-style waiter
-// waited 0.3-1 s for each acquisition, and 13 ms at most with one goroutine per
-// client. Leash heads that need not race therefore give way for cfg.publicYield
-// (up to a tick of the timing wheel) before they try:
+// lost 25-50 races and waited up to about 1 s for each acquisition, against 13 ms
+// at most with one goroutine per client. Leash heads that need not race therefore
+// give way for cfg.publicYield (by default one tick of the timing wheel, which may
+// fire up to a tick early) before they try:
 //
 //   - a registered head (one a leash release would grant directly) that hears a
 //     public unlock message;
@@ -346,8 +347,9 @@ func (m *machine) holdField(lock string, owner uint64) string {
 //     (lock_handoff's reply 1), which would otherwise try first.
 //
 // A pending yield takes in further messages (its own client's unlock message may
-// arrive after the reply) rather than restarting. A head that is not registered
-// races at once, as before, and an attempt it starts goes ahead whatever the yield.
+// arrive after the reply) rather than restarting. Any other head that hears a
+// message races at once, and an attempt already started goes ahead whatever the
+// yield.
 //
 // The cost, in leash-only contention: registered heads give way for a tick to any
 // unregistered listener, which may be a leash client: a waiter refused once and not
@@ -365,7 +367,7 @@ func (m *machine) yieldToPublic(l *lockState) bool {
 		return true
 	}
 	l.wakePending = false // covered by the attempt after the yield
-	l.parked = false      // the yield's timer stands for the message: nothing may re-park it for longer
+	l.parked = false      // the message says the lock may be free: if the yield ends otherwise, advance tries
 	m.armRetry(l, m.cfg.publicYield)
 	l.yieldGen = l.retryGen
 	return true

@@ -149,7 +149,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg.FairWait = 5 * time.Minute
 	}
 	if cfg.PublicYield == 0 {
-		cfg.PublicYield = time.Millisecond
+		cfg.PublicYield = timer.Tick
 	}
 	e := &Engine{
 		m: newMachine(config{

@@ -321,7 +321,7 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		// A relay's follow-up: the relayed holds ran under its releasing owner's
 		// field, which it finds there (or already moved, on a retry) unless the
 		// lock was lost meanwhile.
-		m.answerRelay(d.call.relayed, relayOutcome(d, d.err == nil && d.reply.Nil))
+		m.answerRelay(d.call.relayed, relayOutcome(d, d.reply.Nil))
 	}
 	handedOver := false
 	switch {

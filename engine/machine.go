@@ -359,7 +359,8 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		m.onUnlockDone(d, now)
 	case purposeAbandon:
 		if d.call.relayed != nil {
-			m.answerRelay(d.call.relayed, relayOutcome(d, d.err == nil && d.reply.Int == -1))
+			// -1 on a retry most likely means the first try ran (as in onUnlockDone).
+			m.answerRelay(d.call.relayed, relayOutcome(d, d.reply.Int == -1 && !d.call.retried))
 		}
 		if d.call.script == scripts.LockLeave {
 			m.onLeaveRegDone(d, now)

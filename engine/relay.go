@@ -11,10 +11,10 @@ import (
 // The relay: local handoffs that need no script call of their own.
 //
 // An early handoff (handoff.go) grants its receiver at once, and the receiver's
-// calls wait for the handoff's reply, so a chain of holders with short holds made
-// one script call, and waited one round trip, per handoff. When the receiver
-// unlocks while that call is still in flight and another local waiter heads the
-// queue, the engine now grants that waiter at once too, with no call: the call in
+// calls wait for the handoff's reply, so without relays a chain of holders with
+// short holds makes one script call, and waits one round trip, per handoff. When
+// the receiver unlocks while that call is still in flight and another local waiter
+// heads the queue, the engine grants that waiter at once too, with no call: the call in
 // flight puts the receiver's field on the server, and that field keeps every other
 // client out for as long as the receiver's own hold would have. Holders that come
 // and go while the call is in flight all run under that one field; the relay
@@ -109,14 +109,10 @@ func (m *machine) relayUnlock(l *lockState, msg unlockMsg, now time.Time) bool {
 // endRelay settles the relay on the early handoff whose reply d is: handedOver
 // reports whether the call put its receiver's field on the server.
 func (m *machine) endRelay(l *lockState, r *relay, d scriptDone, handedOver bool, now time.Time) {
-	var err error
-	switch {
-	case d.err != nil:
-		err = d.err
+	err := relayOutcome(d, !handedOver)
+	if d.err != nil {
 		// Either field may be on the server: the receiver's goes too.
 		m.abandon(l, r.from.owner, r.fromField, 0)
-	case !handedOver:
-		err = errHoldLost
 	}
 	tail := m.holdByID[r.tailHold]
 	switch {

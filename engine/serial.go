@@ -24,7 +24,7 @@ const maxFreeCalls = 256
 
 // ownerCalls is one owner's serialization state.
 type ownerCalls struct {
-	busy    int       // serialized calls in flight: one, or two while a relay's follow-up is (see relay.go)
+	busy    int       // calls its requests wait for: its own, the early handoff or relay that granted it, and a relay's follow-up (see relay.go)
 	early   bool      // a call in flight is a handoff that granted this owner early (see handoff.go)
 	pending []message // requests waiting for it, in arrival order
 }

@@ -37,10 +37,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	if h == nil {
 		err := ErrNotHeld
 		if l != nil {
-			if _, lost := m.lostHolds[holdKey{l.id, msg.owner}]; lost {
-				delete(m.lostHolds, holdKey{l.id, msg.owner})
-				err = errHoldLost
-			}
+			err = m.unlockFoundLost(holdKey{l.id, msg.owner}, nil) // ErrLockLost if the hold was lost
 		}
 		msg.future.Complete(err)
 		return

@@ -296,6 +296,7 @@ func TestNewBadOptions(t *testing.T) {
 		"negative CloseTimeout":  {Addrs: addrs, CloseTimeout: -time.Second},
 		"negative DialTimeout":   {Addrs: addrs, DialTimeout: -time.Second},
 		"watchdog of -1ns":       {Addrs: addrs, WatchdogTimeout: -1},
+		"PublicYield above max":  {Addrs: addrs, PublicYield: lockapi.MaxPublicYield + time.Millisecond},
 	} {
 		c, err := lockapi.New(o)
 		if c != nil {

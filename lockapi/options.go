@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/redis/rueidis"
+
+	"github.com/leash-go/leash/timer"
 )
 
 // Defaults of Options, exported so callers can derive from them.
@@ -26,7 +28,10 @@ const (
 	DefaultDialTimeout = 5 * time.Second
 	// DefaultPublicYield is Options.PublicYield's default: one tick of the engine's
 	// timing wheel.
-	DefaultPublicYield = time.Millisecond
+	DefaultPublicYield = timer.Tick
+	// MaxPublicYield bounds Options.PublicYield: every registered waiter waits it
+	// on every public release.
+	MaxPublicYield = 100 * time.Millisecond
 )
 
 // Options configure a Client. The zero value of every field means its default.
@@ -69,7 +74,7 @@ type Options struct {
 	// to everyone waits before it tries, so that a Redisson client waiting on the
 	// same lock is not outrun by leash clients every time (see the README's
 	// "Redisson clients are woken, not passed over"). Default DefaultPublicYield;
-	// negative turns it off.
+	// negative turns it off; at most MaxPublicYield.
 	PublicYield time.Duration
 }
 
@@ -105,8 +110,11 @@ func (o Options) withDefaults() (Options, error) {
 			*f.d = f.def
 		}
 	}
-	if o.PublicYield == 0 {
+	switch {
+	case o.PublicYield == 0:
 		o.PublicYield = DefaultPublicYield
+	case o.PublicYield > MaxPublicYield:
+		return o, fmt.Errorf("%w: Options.PublicYield %v is above %v", ErrInvalidArgument, o.PublicYield, MaxPublicYield)
 	}
 	if o.WatchdogTimeout < MinWatchdogTimeout {
 		return o, fmt.Errorf("%w: Options.WatchdogTimeout %v is below %v", ErrInvalidArgument, o.WatchdogTimeout, MinWatchdogTimeout)
