@@ -44,9 +44,18 @@ import (
 // the other processes' heads on the same unlock message. When nobody else listens,
 // nobody else is waiting to be woken, and the chain goes on.
 func (m *machine) handoffTarget(l *lockState, h *hold) *waiter {
+	if l.handingOff {
+		return nil
+	}
+	return m.localTarget(l, h)
+}
+
+// localTarget is handoffTarget whatever the handoff in flight: the relay
+// (relay.go) hands on while one is.
+func (m *machine) localTarget(l *lockState, h *hold) *waiter {
 	m.pruneCancelled(l)
 	w := l.queue.head
-	if w == nil || h.count != 1 || l.attempting != nil || l.handingOff || len(l.holders) != 1 || m.cfg.handoffChain <= 0 {
+	if w == nil || h.count != 1 || l.attempting != nil || len(l.holders) != 1 || m.cfg.handoffChain <= 0 {
 		return nil
 	}
 	if m.givingBack(holdKey{l.id, w.owner}) {

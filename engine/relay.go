@@ -66,26 +66,23 @@ type relay struct {
 // relayUnlock relays an Unlock of the holder granted by the early handoff in flight
 // (or by the relay on it) to the next local waiter, and reports whether it did.
 func (m *machine) relayUnlock(l *lockState, msg unlockMsg, now time.Time) bool {
-	if l.fair != nil || !l.handingOff || l.attempting != nil || len(l.holders) != 1 {
+	if l.fair != nil || !l.handingOff {
 		return false
 	}
 	key := holdKey{l.id, msg.owner}
 	h, q := m.holds[key], m.serial[key]
-	if h == nil || h != l.holders[0] || !h.provisional || h.count != 1 ||
-		q == nil || q.busy == 0 || !q.early || len(q.pending) > 0 || m.givingBack(key) {
+	if h == nil || !h.provisional || q == nil || q.busy == 0 || !q.early || len(q.pending) > 0 || m.givingBack(key) {
 		return false
 	}
 	r := l.relay
 	if r != nil && r.tail != key {
 		return false // not the relay's tail: not a hold the call in flight covers
 	}
-	m.pruneCancelled(l)
-	w := l.queue.head
-	if w == nil || m.cfg.handoffChain <= 0 || m.chainBound(l, now) || !m.canGrantEarly(l, h, w, false, now) ||
-		m.givingBack(holdKey{l.id, w.owner}) || w.registered {
-		// As handoffTarget: no grant to an owner whose give-back is in flight (see
-		// giveback.go). And a waiter registered for direct grants is granted by a
-		// call, which drops its registration.
+	// What a handoff would grant (h the only holder, with a count of 1; no owner
+	// giving back), early, below the chain bound; and not a waiter registered for
+	// direct grants, whose registration a call must drop.
+	w := m.localTarget(l, h)
+	if w == nil || m.chainBound(l, now) || !m.canGrantEarly(l, h, w, false, now) || w.registered {
 		return false
 	}
 	if r == nil {
