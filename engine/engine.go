@@ -105,7 +105,11 @@ type Engine struct {
 	// batches in flight (both loop-owned; see sendPending).
 	pending []scriptCall
 	sends   int
-	closeT  time.Duration
+	// spare is an answered batch's backing array, emptied, for the next pending
+	// calls (see recycle): under load a batch holds dozens of calls, and growing a
+	// new slice for each would allocate about a kilobyte per lock operation.
+	spare  []scriptCall
+	closeT time.Duration
 }
 
 const inboxSize = 1024
@@ -120,10 +124,27 @@ const inboxSize = 1024
 const maxSends = 2
 
 // sendDone: a batch sent by sendPending has been answered (posted after its
-// scriptDone messages).
+// scriptDone or batchDone message).
 type sendDone struct{}
 
 func (sendDone) isMessage() {}
+
+// batchDone: the calls of a merged batch (doBatch) returned, results[i] being
+// calls[i]'s. One message for the whole batch, rather than a scriptDone per call,
+// saves the mailbox a boxed reply per call; the loop hands each to the machine as
+// its scriptDone (done) and then keeps calls' backing array (recycle).
+type batchDone struct {
+	calls   []scriptCall
+	results []scripts.Result
+	sentAt  time.Time
+}
+
+func (batchDone) isMessage() {}
+
+// done is the scriptDone of the batch's call i.
+func (b batchDone) done(i int) scriptDone {
+	return scriptDone{call: b.calls[i], sentAt: b.sentAt, reply: b.results[i].Reply, err: b.results[i].Err}
+}
 
 // New starts an engine.
 func New(cfg Config) (*Engine, error) {
@@ -420,9 +441,16 @@ func (e *Engine) loop() {
 		case <-e.mail.signal:
 			now := time.Now()
 			for _, msg := range e.mail.drain() {
-				switch msg.(type) {
+				switch msg := msg.(type) {
 				case sendDone:
 					e.sends--
+					continue
+				case batchDone:
+					for i := range msg.calls {
+						e.inflight--
+						m.handleDone(msg.done(i), now)
+					}
+					e.recycle(msg.calls)
 					continue
 				case scriptDone, subscribeDone, unsubscribeDone:
 					e.inflight--
@@ -475,7 +503,7 @@ func (e *Engine) sendPending() {
 		return
 	}
 	batch := e.pending
-	e.pending = nil
+	e.pending, e.spare = e.spare, nil
 	// A call alone in flight takes the runner's lone lane (a dedicated connection
 	// read on this goroutine) when it has one: at most one call uses it at a time.
 	lone, hasLone := e.runner.(scripts.LoneRunner)
@@ -498,6 +526,15 @@ func (e *Engine) sendPending() {
 		}
 		e.mail.post(sendDone{})
 	}()
+}
+
+// recycle keeps an answered batch's backing array as the spare for the next
+// pending calls, after dropping its references.
+func (e *Engine) recycle(batch []scriptCall) {
+	clear(batch)
+	if cap(batch) > cap(e.spare) {
+		e.spare = batch[:0]
+	}
 }
 
 // runScript runs one call on its own short-lived goroutine; rueidis pipelines the
@@ -529,9 +566,7 @@ func (e *Engine) doBatch(br scripts.BatchRunner, batch []scriptCall) {
 	}
 	sentAt := time.Now()
 	results := br.RunBatch(context.Background(), calls)
-	for i, c := range batch {
-		e.mail.post(scriptDone{call: c, sentAt: sentAt, reply: results[i].Reply, err: results[i].Err})
-	}
+	e.mail.post(batchDone{calls: batch, results: results, sentAt: sentAt})
 }
 
 func (e *Engine) runSub(op subOp) {

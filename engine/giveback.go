@@ -53,17 +53,19 @@ func (m *machine) waitFrom(before *uint64) uint64 {
 	return *before
 }
 
-// deferForGiveBacks parks msg until none of the owner's give-backs numbered below
-// before is in flight, and reports whether it did. A request's bound is set once it
-// gets past the owner's serialized call (waitFrom), so that it waits for every
-// give-back sent before then and for none sent after.
-func (m *machine) deferForGiveBacks(k holdKey, msg message, before uint64) bool {
+// heldUpByGiveBacks reports whether one of the owner's give-backs numbered below
+// before is in flight: a request with that bound then waits (deferForGiveBacks). A
+// request's bound is set once it gets past the owner's serialized call (waitFrom),
+// so that it waits for every give-back sent before then and for none sent after.
+func (m *machine) heldUpByGiveBacks(k holdKey, before uint64) bool {
 	inFlight := m.giveBacks[k]
-	if len(inFlight) == 0 || inFlight[0] >= before {
-		return false
-	}
+	return len(inFlight) > 0 && inFlight[0] < before
+}
+
+// deferForGiveBacks parks msg until none of the owner's give-backs numbered below
+// before is in flight; heldUpByGiveBacks(k, before) must be true.
+func (m *machine) deferForGiveBacks(k holdKey, msg message, before uint64) {
 	m.afterGiveBacks[k] = append(m.afterGiveBacks[k], parkedMsg{msg: msg, before: before})
-	return true
 }
 
 // giveBackDone records the final reply of the owner's give-back seq, hands the
@@ -126,12 +128,14 @@ func (m *machine) answerParkedOnClose() {
 // serialized call or give-backs in flight, as for any request of the owner's, and
 // remembers where, so that its cancellation can answer it (cancelParked).
 func (m *machine) parkAcquire(k holdKey, msg acquireMsg) bool {
-	if m.deferIfBusy(k, msg) {
+	if m.busy(k) {
+		m.deferCall(k, msg)
 		m.parkedAcquires[msg.id] = k
 		return true
 	}
 	before := m.waitFrom(&msg.giveBacksBefore) // set before msg is copied into a parked entry
-	if m.deferForGiveBacks(k, msg, before) {
+	if m.heldUpByGiveBacks(k, before) {
+		m.deferForGiveBacks(k, msg, before)
 		m.parkedAcquires[msg.id] = k
 		return true
 	}

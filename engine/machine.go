@@ -105,10 +105,7 @@ func newMachine(cfg config) *machine {
 
 // handle dispatches one message.
 func (m *machine) handle(msg message, now time.Time) {
-	m.now = now
-	if len(m.grantsDue) > 0 {
-		m.flushGrants() // a grant is complete before anything else is handled
-	}
+	m.begin(now)
 	switch msg := msg.(type) {
 	case acquireMsg:
 		m.onAcquire(msg, now)
@@ -144,6 +141,21 @@ func (m *machine) handle(msg message, now time.Time) {
 		// Not reached today: sendWaitingCleanups takes every waiting cleanup out
 		// before markIdle hands the owner's other requests here.
 		m.runCleanup(msg)
+	}
+}
+
+// handleDone is handle for a script reply, which the loop may have as a scriptDone
+// rather than as a message (batchDone).
+func (m *machine) handleDone(d scriptDone, now time.Time) {
+	m.begin(now)
+	m.onScriptDone(d, now)
+}
+
+// begin is what handling every message starts with.
+func (m *machine) begin(now time.Time) {
+	m.now = now
+	if len(m.grantsDue) > 0 {
+		m.flushGrants() // a grant is complete before anything else is handled
 	}
 }
 

@@ -29,14 +29,19 @@ type ownerCalls struct {
 	pending []message // requests waiting for it, in arrival order
 }
 
-// deferIfBusy parks msg behind the owner's call in flight and reports whether it did.
-func (m *machine) deferIfBusy(k holdKey, msg message) bool {
+// busy reports whether the owner has a serialized call in flight; its requests then
+// wait behind it (deferCall). Asking first, rather than handing every request to a
+// function that may park it, keeps the request from being boxed into a message on
+// the common path, where nothing waits.
+func (m *machine) busy(k holdKey) bool {
 	q := m.serial[k]
-	if q == nil || q.busy == 0 {
-		return false
-	}
+	return q != nil && q.busy > 0
+}
+
+// deferCall parks msg behind the owner's call in flight; busy(k) must be true.
+func (m *machine) deferCall(k holdKey, msg message) {
+	q := m.serial[k]
 	q.pending = append(q.pending, msg)
-	return true
 }
 
 // markBusy records that a serialized call of the owner is now in flight.
@@ -105,11 +110,13 @@ func (m *machine) onSettle(msg settleMsg) {
 		return
 	}
 	k := holdKey{l.id, msg.owner}
-	if m.deferIfBusy(k, msg) {
+	if m.busy(k) {
+		m.deferCall(k, msg)
 		return
 	}
 	before := m.waitFrom(&msg.giveBacksBefore) // set before msg is copied into a parked entry
-	if m.deferForGiveBacks(k, msg, before) {
+	if m.heldUpByGiveBacks(k, before) {
+		m.deferForGiveBacks(k, msg, before)
 		return
 	}
 	msg.future.Complete(nil)

@@ -22,14 +22,16 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 			return
 		}
 		key := holdKey{l.id, msg.owner}
-		if m.deferIfBusy(key, msg) {
+		if m.busy(key) {
+			m.deferCall(key, msg)
 			return
 		}
 		h = m.holds[key]
 		// With no hold there is nothing to release: the answer needs no give-back.
 		if h != nil {
 			before := m.waitFrom(&msg.giveBacksBefore) // set before msg is copied into a parked entry
-			if m.deferForGiveBacks(key, msg, before) {
+			if m.heldUpByGiveBacks(key, before) {
+				m.deferForGiveBacks(key, msg, before)
 				return
 			}
 		}

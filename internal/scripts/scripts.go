@@ -124,7 +124,7 @@ var names = [numScripts]string{
 // multiSrc is the multi script: the shared functions once, then every script
 // above as a function (its body alone), then a loop that
 // runs the calls ARGV describes. ARGV[1] is the number of calls; each call follows
-// as one header number (see multiHeader) and its arguments; KEYS holds every
+// as one header number (see appendMultiHeader) and its arguments; KEYS holds every
 // call's keys in order. The reply is an array with one
 // element per call: its script's reply (nil as a Redis nil) or, if the script
 // raised an error, that error, as the script would have answered alone. Each
@@ -381,7 +381,7 @@ func (r *Redis) retryMissed(ctx context.Context, units [][]Call, missed []int, r
 
 // command is one unit of a batch as one EVALSHA: the call's own script when it is
 // alone, otherwise the multi script with every call's script id, key and argument
-// counts and arguments in ARGV (see multiHeader), and all their keys in KEYS.
+// counts and arguments in ARGV (see appendMultiHeader), and all their keys in KEYS.
 func (r *Redis) command(unit []Call) rueidis.Completed {
 	if len(unit) == 1 {
 		call := unit[0]
@@ -392,25 +392,36 @@ func (r *Redis) command(unit []Call) rueidis.Completed {
 		nkeys += len(call.Keys)
 		nargs += 1 + len(call.Args)
 	}
+	// Every call's header is cut from one string, made once for the unit, rather
+	// than formatted into a string of its own.
+	var buf []byte
+	ends := make([]int, len(unit))
+	for i, call := range unit {
+		buf = appendMultiHeader(buf, call)
+		ends[i] = len(buf)
+	}
+	headers := string(buf)
 	keys := make([]string, 0, nkeys)
 	args := make([]string, 1, nargs)
 	args[0] = strconv.Itoa(len(unit))
-	for _, call := range unit {
+	start := 0
+	for i, call := range unit {
 		keys = append(keys, call.Keys...)
-		args = append(args, multiHeader(call))
+		args = append(args, headers[start:ends[i]])
 		args = append(args, call.Args...)
+		start = ends[i]
 	}
 	return r.client.B().Evalsha().Sha1(r.multiSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 }
 
-// multiHeader is a call's header in the multi script's ARGV: its script id, number
-// of keys and number of arguments in one number, id + 32*keys + 32*65536*args, so
-// that Redis parses one argument per call for them instead of three (about a
-// tenth of the server's work on a merged call of lock operations). A merged call
-// has at most MaxMergedKeys keys, and a call's arguments are far below 2^20, so
-// the number stays exact in Lua's doubles.
-func multiHeader(call Call) string {
-	return strconv.FormatUint(uint64(call.ID)+32*uint64(len(call.Keys))+32*65536*uint64(len(call.Args)), 10)
+// appendMultiHeader appends to b a call's header in the multi script's ARGV: its
+// script id, number of keys and number of arguments in one number,
+// id + 32*keys + 32*65536*args, so that Redis parses one argument per call for them
+// instead of three (about a tenth of the server's work on a merged call of lock
+// operations). A merged call has at most MaxMergedKeys keys, and a call's arguments
+// are far below 2^20, so the number stays exact in Lua's doubles.
+func appendMultiHeader(b []byte, call Call) []byte {
+	return strconv.AppendUint(b, uint64(call.ID)+32*uint64(len(call.Keys))+32*65536*uint64(len(call.Args)), 10)
 }
 
 // unitResults splits a unit's reply into its calls' results.
