@@ -260,10 +260,12 @@ func (e *Engine) Acquire(ctx context.Context, req AcquireRequest) <-chan error {
 // ctx ends first, tells the engine and still waits for the answer: ctx's error, or
 // nil if the grant came first (then it holds the lock).
 func (e *Engine) AcquireWait(ctx context.Context, req AcquireRequest) error {
-	f := futures.New[error]()
+	env := new(acquireEnvelope)
+	f := &env.future
+	f.Init()
 	id := e.nextWaiter.Add(1)
-	msg := acquireMsg{id: id, lock: req.Lock, owner: req.Owner, fair: req.Fair, lease: req.Lease, wait: req.Wait, ctx: ctx, future: f}
-	if err := e.send(ctx, msg); err != nil {
+	env.msg = acquireMsg{id: id, lock: req.Lock, owner: req.Owner, fair: req.Fair, lease: req.Lease, wait: req.Wait, ctx: ctx, future: f}
+	if err := e.send(ctx, &env.msg); err != nil {
 		return WrapError(req.Lock, err)
 	}
 	select {
@@ -280,8 +282,11 @@ func (e *Engine) AcquireWait(ctx context.Context, req AcquireRequest) error {
 // leave the lock held until its lease ends); ctx only bounds how long the caller
 // waits for the answer.
 func (e *Engine) Unlock(ctx context.Context, lock string, owner uint64) error {
-	f := futures.New[error]()
-	if err := e.send(context.Background(), unlockMsg{lock: lock, owner: owner, future: f}); err != nil {
+	env := new(unlockEnvelope)
+	f := &env.future
+	f.Init()
+	env.msg = unlockMsg{lock: lock, owner: owner, future: f}
+	if err := e.send(context.Background(), &env.msg); err != nil {
 		return err
 	}
 	return wait(ctx, f)

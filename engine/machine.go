@@ -109,8 +109,12 @@ func (m *machine) handle(msg message, now time.Time) {
 	switch msg := msg.(type) {
 	case acquireMsg:
 		m.onAcquire(msg, now)
+	case *acquireMsg: // from an acquireEnvelope
+		m.onAcquire(*msg, now)
 	case unlockMsg:
 		m.onUnlock(msg, now)
+	case *unlockMsg: // from an unlockEnvelope
+		m.onUnlock(*msg, now)
 	case forceUnlockMsg:
 		m.onForceUnlock(msg, now)
 	case lostMsg:

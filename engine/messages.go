@@ -69,6 +69,22 @@ type (
 	}
 )
 
+// acquireEnvelope and unlockEnvelope hold a request and its future in one
+// allocation, for the hot paths (AcquireWait, Unlock): the request is sent as a
+// pointer (*acquireMsg, *unlockMsg), which boxes into a message without a copy.
+// The loop reads the request once, on arrival; the future stays shared with the
+// caller, as New's would be.
+type (
+	acquireEnvelope struct {
+		msg    acquireMsg
+		future futures.Future[error]
+	}
+	unlockEnvelope struct {
+		msg    unlockMsg
+		future futures.Future[error]
+	}
+)
+
 // forceResult is ForceUnlock's outcome.
 type forceResult struct {
 	existed bool

@@ -2,7 +2,8 @@ package futures
 
 import "sync/atomic"
 
-// Future is a complete-once result channel. The zero value is not usable; call New.
+// Future is a complete-once result channel. The zero value is not usable; call New,
+// or Init on a Future inside another value.
 //
 // Its channel, returned by C, carries exactly one value and is never closed.
 type Future[T any] struct {
@@ -12,8 +13,15 @@ type Future[T any] struct {
 
 // New returns a future that has not completed.
 func New[T any]() *Future[T] {
-	return &Future[T]{ch: make(chan T, 1)}
+	f := new(Future[T])
+	f.Init()
+	return f
 }
+
+// Init makes a zero Future usable, as New does, for a future that lives inside a
+// larger value (one allocation for both). It must be called once, before the
+// future is shared.
+func (f *Future[T]) Init() { f.ch = make(chan T, 1) }
 
 // C returns the result channel. It carries exactly one value, sent by the first
 // Complete; it is never closed.
