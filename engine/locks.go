@@ -51,7 +51,8 @@ func (m *machine) lockFor(name string, fair bool) *lockState {
 // unused reports whether nothing refers to l: no waiter, hold, call in flight or
 // subscription.
 func unused(l *lockState) bool {
-	return l.queue.len == 0 && len(l.holders) == 0 && l.attempting == nil && l.inflight == 0 && l.sub == subNone
+	return l.queue.len == 0 && len(l.holders) == 0 && l.attempting == nil && l.inflight == 0 && l.sub == subNone &&
+		!l.subLeft
 }
 
 // maybeForget marks a lock's state idle once nothing refers to it (see idleKeep).

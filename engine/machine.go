@@ -208,7 +208,13 @@ type lockState struct {
 	fairHead uint64
 
 	sub        subState
-	resubAfter bool   // subscribe again once the unsubscribe in flight is done
+	resubAfter bool // subscribe again once the unsubscribe in flight is done
+	// subLeft: a Subscribe failed, and the registry keeps such a channel and
+	// subscribes it on its next connection (pubsub.Registry.Subscribe), so the
+	// lock, though subNone, unsubscribes when its queue empties and is not
+	// forgotten before; otherwise the server would keep the subscription for the
+	// connection's life.
+	subLeft    bool
 	retryGen   uint64 // generation of the armed retry timer; 0 = none armed
 	lingerGen  uint64
 	backoff    time.Duration

@@ -157,6 +157,52 @@ func TestMachineSubscribeErrorRetries(t *testing.T) {
 	}
 }
 
+// A Subscribe that failed leaves its channel with the registry, which subscribes
+// it on its next connection (pubsub.Registry.Subscribe): when the lock's waiters
+// are done before a subscribe succeeds, the lock unsubscribes all the same, and
+// its state is not forgotten first. (This leak kept an idle lock's subscription
+// for the connection's life when a client's first Subscribe came before its
+// pub/sub connection was up.)
+func TestMachineFailedSubscribeIsUnsubscribed(t *testing.T) {
+	for _, granted := range []bool{true, false} {
+		t.Run(fmt.Sprintf("granted=%v", granted), func(t *testing.T) {
+			h := newMH(t)
+			w := h.acquire("L", 1, 0, -1)
+			att := h.take().one(t, scripts.LockAcquire)
+			h.reply(att, replyPTTL(30*time.Second), nil)
+			h.take()
+			h.m.handle(subscribeDone{lock: h.lockID("L"), err: errConn}, h.now)
+			retry := h.take().armed(kindRetry)
+			if len(retry) != 1 {
+				t.Fatalf("retry timers %+v, want one", retry)
+			}
+			if granted {
+				h.fire(retry[0].key)
+				again := h.take().one(t, scripts.LockAcquire)
+				h.reply(again, replyNil, nil)
+				mustGranted(t, "the retry", w.future)
+			} else {
+				h.cancelCtx(w)
+			}
+			if us := h.take().unsubscribes(); len(us) != 1 {
+				t.Fatalf("%d unsubscribes once the queue emptied, want 1", len(us))
+			}
+			if granted {
+				c, _ := h.unlockCall(t, "L", 1, scripts.LockRelease)
+				h.reply(c, replyInt(2), nil)
+				h.take()
+			}
+			if !h.live("L") {
+				t.Fatal("the lock's state was forgotten with the unsubscribe in flight")
+			}
+			h.m.handle(unsubscribeDone{lock: h.lockID("L")}, h.now)
+			if h.live("L") {
+				t.Fatal("the lock's state kept after the unsubscribe")
+			}
+		})
+	}
+}
+
 // Yielding to unregistered listeners (directgrant.go): a registered head that hears
 // a public unlock message, and the releasing client's head after its release at
 // the chain bound went public, wait cfg.publicYield before they attempt.

@@ -43,11 +43,13 @@ func (m *machine) onSubscribed(msg subscribeDone, now time.Time) {
 		// unknown, and a release that finds nobody listening publishes nothing.
 		// The head retries soon, and subscribes again if refused.
 		l.sub = subNone
+		l.subLeft = true
 		l.parked = false
 		m.armRetry(l, subscribeRetry)
 		return
 	}
 	l.sub = subSubscribed
+	l.subLeft = false
 	if l.queue.len == 0 {
 		m.lingerOrUnsubscribe(l)
 		return
@@ -65,6 +67,10 @@ func (m *machine) onSubscribed(msg subscribeDone, now time.Time) {
 // lingerOrUnsubscribe keeps an idle lock's subscription for cfg.linger, so a lock
 // that is busy on and off does not pay a subscribe and an unsubscribe each time.
 func (m *machine) lingerOrUnsubscribe(l *lockState) {
+	if l.sub == subNone && l.subLeft && l.queue.len == 0 {
+		m.unsubscribe(l) // what a failed Subscribe left registered
+		return
+	}
 	if l.sub != subSubscribed || l.queue.len > 0 {
 		return
 	}
@@ -84,6 +90,7 @@ func (m *machine) lingerOrUnsubscribe(l *lockState) {
 
 func (m *machine) unsubscribe(l *lockState) {
 	l.sub = subUnsubscribing
+	l.subLeft = false
 	l.registered = false
 	l.lingerGen = 0
 	m.fx.subs = append(m.fx.subs, m.subOp(l, true))
