@@ -533,11 +533,16 @@ func (e *Engine) sendPending() {
 	}()
 }
 
+// maxSpare bounds the backing array recycle keeps: a burst of thousands of calls
+// (Close's releases, a renewal round of many locks) would otherwise pin its array
+// for the engine's life. Four merged calls' worth covers the batches of steady load.
+const maxSpare = 4 * scripts.MaxMerged
+
 // recycle keeps an answered batch's backing array as the spare for the next
 // pending calls, after dropping its references.
 func (e *Engine) recycle(batch []scriptCall) {
 	clear(batch)
-	if cap(batch) > cap(e.spare) {
+	if cap(batch) > cap(e.spare) && cap(batch) <= maxSpare {
 		e.spare = batch[:0]
 	}
 }

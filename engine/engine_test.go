@@ -120,6 +120,28 @@ func (c *contention) run(ctx context.Context, e *Engine, lock string, rounds int
 	})
 }
 
+// runWait is run with AcquireWait, as lockapi's Lock calls it.
+func (c *contention) runWait(ctx context.Context, e *Engine, lock string, rounds int) {
+	owner := e.NewOwner()
+	c.wg.Go(func() {
+		for range rounds {
+			if err := e.AcquireWait(ctx, AcquireRequest{Lock: lock, Owner: owner, Wait: -1}); err != nil {
+				c.fail(fmt.Errorf("acquire: %w", err))
+				return
+			}
+			n := c.inside.Add(1)
+			for m := c.maxInside.Load(); n > m && !c.maxInside.CompareAndSwap(m, n); m = c.maxInside.Load() {
+			}
+			c.inside.Add(-1)
+			if err := e.Unlock(context.Background(), lock, owner); err != nil {
+				c.fail(fmt.Errorf("unlock: %w", err))
+				return
+			}
+		}
+		c.done.Add(1)
+	})
+}
+
 func (c *contention) fail(err error) {
 	c.mu.Lock()
 	c.errs = append(c.errs, err)
@@ -163,6 +185,57 @@ func TestEngineMutualExclusion(t *testing.T) {
 		t.Errorf("stats %+v", st)
 	}
 	t.Logf("%d grants: %d local handoffs, %d attempts, %d script calls", st.Grants, st.Handoffs, st.Attempts, st.ScriptCalls)
+}
+
+// With a runner that merges calls, as scripts.Redis does, the engine sends batches
+// and reads their replies as one batchDone each (recycling the batch's array):
+// goroutines on their own locks and on shared ones, through Acquire and
+// AcquireWait, all get their locks, never two holders of one at once, and nothing
+// is left held.
+func TestEngineBatchedCalls(t *testing.T) {
+	const goroutines, rounds = 60, 20
+	r := &batchMem{memRedis: newMemRedis()}
+	h := newEngine(t, r)
+	r.publish = h.sub.deliver
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	shared := make([]contention, 2)
+	own := make([]contention, goroutines)
+	for i := range goroutines {
+		own[i].runWait(ctx, h.e, fmt.Sprintf("own%d", i), rounds)
+		if i%2 == 0 {
+			shared[0].run(ctx, h.e, "S0", rounds)
+		} else {
+			shared[1].runWait(ctx, h.e, "S1", rounds)
+		}
+	}
+	for i := range own {
+		own[i].check(t)
+	}
+	for i := range shared {
+		shared[i].check(t)
+		if got := shared[i].done.Load(); got != goroutines/2 {
+			t.Errorf("S%d: %d goroutines finished, want %d", i, got, goroutines/2)
+		}
+	}
+	for i := range goroutines {
+		if got := r.holders(fmt.Sprintf("own%d", i)); got != nil {
+			t.Errorf("own%d: server still has %v", i, got)
+		}
+	}
+	for _, name := range []string{"S0", "S1"} {
+		if got := r.holders(name); got != nil {
+			t.Errorf("%s: server still has %v", name, got)
+		}
+	}
+	if st := h.stats(); st.Waiters != 0 || st.Holds != 0 {
+		t.Errorf("stats %+v", st)
+	}
+	if r.merged.Load() == 0 {
+		t.Errorf("no merged batch in %d batches: the test did not exercise batchDone", r.batches.Load())
+	}
+	t.Logf("%d batches, %d merged", r.batches.Load(), r.merged.Load())
 }
 
 // Three processes (engines) share one server and its pub/sub: mutual exclusion

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -134,6 +136,31 @@ func (r *memRedis) Run(ctx context.Context, id scripts.ID, keys, args []string) 
 		}
 	}
 	return reply, nil
+}
+
+// batchMem is memRedis as a scripts.BatchRunner, so the engine sends merged
+// batches (batchDone, recycle) as it does against Redis. Each batch yields the
+// processor between its calls, so that other batches and requests interleave.
+type batchMem struct {
+	*memRedis
+	batches, merged atomic.Int64 // RunBatch calls, and those with more than one call
+}
+
+var _ scripts.BatchRunner = (*batchMem)(nil)
+
+// RunBatch implements scripts.BatchRunner: the calls in order, as the multi
+// script runs them.
+func (b *batchMem) RunBatch(ctx context.Context, calls []scripts.Call) []scripts.Result {
+	b.batches.Add(1)
+	if len(calls) > 1 {
+		b.merged.Add(1)
+	}
+	out := make([]scripts.Result, len(calls))
+	for i, c := range calls {
+		out[i].Reply, out[i].Err = b.Run(ctx, c.ID, c.Keys, c.Args)
+		runtime.Gosched()
+	}
+	return out
 }
 
 func (r *memRedis) run(id scripts.ID, keys, args []string, pub *[][2]string) scripts.Reply {

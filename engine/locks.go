@@ -49,7 +49,7 @@ func (m *machine) lockFor(name string, fair bool) *lockState {
 }
 
 // unused reports whether nothing refers to l: no waiter, hold, call in flight or
-// subscription.
+// subscription, nor a channel a failed Subscribe left with the registry (subLeft).
 func unused(l *lockState) bool {
 	return l.queue.len == 0 && len(l.holders) == 0 && l.attempting == nil && l.inflight == 0 && l.sub == subNone &&
 		!l.subLeft

@@ -66,6 +66,7 @@ func (m *machine) onSubscribed(msg subscribeDone, now time.Time) {
 
 // lingerOrUnsubscribe keeps an idle lock's subscription for cfg.linger, so a lock
 // that is busy on and off does not pay a subscribe and an unsubscribe each time.
+// What a failed Subscribe left with the registry (lockState.subLeft) goes at once.
 func (m *machine) lingerOrUnsubscribe(l *lockState) {
 	if l.sub == subNone && l.subLeft && l.queue.len == 0 {
 		m.unsubscribe(l) // what a failed Subscribe left registered

@@ -20,8 +20,14 @@ func New[T any]() *Future[T] {
 
 // Init makes a zero Future usable, as New does, for a future that lives inside a
 // larger value (one allocation for both). It must be called once, before the
-// future is shared.
-func (f *Future[T]) Init() { f.ch = make(chan T, 1) }
+// future is shared; a second call panics (it would strand whoever receives on
+// the first channel).
+func (f *Future[T]) Init() {
+	if f.ch != nil {
+		panic("futures: Init on an initialized Future")
+	}
+	f.ch = make(chan T, 1)
+}
 
 // C returns the result channel. It carries exactly one value, sent by the first
 // Complete; it is never closed.

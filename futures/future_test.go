@@ -104,3 +104,22 @@ func TestSignal(t *testing.T) {
 	}
 	<-FiredC()
 }
+
+// A Future inside another value works once Init has made its channel, and a
+// second Init panics rather than strand a receiver on the first channel.
+func TestInit(t *testing.T) {
+	var v struct {
+		name string
+		f    Future[int]
+	}
+	v.f.Init()
+	if !v.f.Complete(7) || <-v.f.C() != 7 {
+		t.Fatal("an initialized Future did not carry its value")
+	}
+	defer func() {
+		if recover() == nil {
+			t.Fatal("a second Init did not panic")
+		}
+	}()
+	v.f.Init()
+}

@@ -12,7 +12,7 @@ import (
 
 // ErrDisconnected is returned by Subscribe while the registry has no connection. The
 // channel is still registered: it is subscribed on reconnect, after which the
-// reconnect callback runs.
+// reconnect callback runs (and stays until Unsubscribe).
 var ErrDisconnected = errors.New("leash: pub/sub connection is down")
 
 // ErrClosed is returned by Subscribe after Close.
@@ -90,9 +90,10 @@ func (t topic) unsubscribe(dc rueidis.DedicatedClient) rueidis.Completed {
 
 // Subscribe registers channel and, when connected, subscribes it and waits for the
 // server's confirmation. It returns nil once messages on channel will be delivered;
-// ErrDisconnected when there is no connection right now (the channel stays registered
-// and is subscribed on reconnect); ctx's error; ErrClosed after Close; or the
-// connection's error.
+// ErrDisconnected when there is no connection right now; ctx's error; ErrClosed
+// after Close; or the connection's error. On any error but ErrClosed the channel
+// stays registered, and is subscribed on the next connection: a caller that no
+// longer wants it must Unsubscribe it all the same.
 func (r *Registry) Subscribe(ctx context.Context, channel string) error {
 	return r.subscribe(ctx, topic{name: channel})
 }

@@ -393,23 +393,23 @@ func (r *Redis) command(unit []Call) rueidis.Completed {
 		nargs += 1 + len(call.Args)
 	}
 	// Every call's header is cut from one string, made once for the unit, rather
-	// than formatted into a string of its own.
-	var buf []byte
-	ends := make([]int, len(unit))
-	for i, call := range unit {
+	// than formatted into a string of its own (9 bytes a call is room for the
+	// header of any lock script's call).
+	buf := make([]byte, 0, 9*len(unit))
+	for _, call := range unit {
 		buf = appendMultiHeader(buf, call)
-		ends[i] = len(buf)
 	}
 	headers := string(buf)
 	keys := make([]string, 0, nkeys)
 	args := make([]string, 1, nargs)
 	args[0] = strconv.Itoa(len(unit))
-	start := 0
-	for i, call := range unit {
+	var one [20]byte
+	for _, call := range unit {
+		n := len(appendMultiHeader(one[:0], call))
 		keys = append(keys, call.Keys...)
-		args = append(args, headers[start:ends[i]])
+		args = append(args, headers[:n])
+		headers = headers[n:]
 		args = append(args, call.Args...)
-		start = ends[i]
 	}
 	return r.client.B().Evalsha().Sha1(r.multiSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
 }
