@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -397,4 +398,67 @@ func TestFailedUnlockEndsWithLease(t *testing.T) {
 	if n, err := m.HoldCount(ctxFor(t, 5*time.Second)); err != nil || n != 0 {
 		t.Errorf("HoldCount = %d, %v; want 0", n, err)
 	}
+}
+
+// TestFailedSubscribeLeavesNoSubscription: waiters start while their client's
+// pub/sub connection keeps being killed, so some of their subscribes fail, and they
+// give up soon after. The registry keeps a channel whose Subscribe failed and
+// subscribes it again on its next connection; once the connection stays up, no
+// lock of theirs may be left subscribed (the engine unsubscribes what a failed
+// Subscribe left behind), or the server would keep the subscription for the
+// connection's life.
+func TestFailedSubscribeLeavesNoSubscription(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	holder := newClient(t, srv, lockapi.Options{})
+	waiter := newClient(t, srv, lockapi.Options{})
+	const locks = 16
+	var channels []string
+	for i := range locks {
+		name := lockName(t, strconv.Itoa(i))
+		channels = append(channels, engine.ChannelName(name))
+		lockWithin(t, holder.Mutex(name), 5*time.Second, lockapi.WithLease(30*time.Second))
+	}
+
+	stop := make(chan struct{})
+	var killer sync.WaitGroup
+	killer.Go(func() {
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := srv.Do("CLIENT", "KILL", "TYPE", "pubsub"); err != nil {
+				t.Errorf("CLIENT KILL: %v", err)
+				return
+			}
+		}
+	})
+	for i := range locks {
+		// Give up at a different moment each time: before, during or after the
+		// first subscribe's answer.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i)*time.Millisecond)
+		if err := waiter.Mutex(lockName(t, strconv.Itoa(i))).Lock(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("lock %d: waiter got %v, want the deadline", i, err)
+		}
+		cancel()
+	}
+	close(stop)
+	killer.Wait()
+	// The registry reconnects after a back-off and subscribes again what it
+	// kept, the client's grant channel included: once that is back, so is
+	// anything a failed Subscribe left.
+	grants := "leash_lock_grant:" + waiter.ID()
+	eventually(t, 5*time.Second, "the waiter's pub/sub connection to be back", func() bool {
+		return numSub(t, srv, grants) == "1"
+	})
+	eventually(t, 5*time.Second, "every lock's subscription to be dropped", func() bool {
+		for _, ch := range channels {
+			if numSub(t, srv, ch) != "0" {
+				return false
+			}
+		}
+		return true
+	})
 }
