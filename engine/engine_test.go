@@ -100,32 +100,22 @@ type contention struct {
 }
 
 func (c *contention) run(ctx context.Context, e *Engine, lock string, rounds int) {
-	owner := e.NewOwner()
-	c.wg.Go(func() {
-		for range rounds {
-			if err := <-e.Acquire(ctx, AcquireRequest{Lock: lock, Owner: owner, Wait: -1}); err != nil {
-				c.fail(fmt.Errorf("acquire: %w", err))
-				return
-			}
-			n := c.inside.Add(1)
-			for m := c.maxInside.Load(); n > m && !c.maxInside.CompareAndSwap(m, n); m = c.maxInside.Load() {
-			}
-			c.inside.Add(-1)
-			if err := e.Unlock(context.Background(), lock, owner); err != nil {
-				c.fail(fmt.Errorf("unlock: %w", err))
-				return
-			}
-		}
-		c.done.Add(1)
-	})
+	c.loop(ctx, e, lock, rounds, func(ctx context.Context, req AcquireRequest) error { return <-e.Acquire(ctx, req) })
 }
 
 // runWait is run with AcquireWait, as lockapi's Lock calls it.
 func (c *contention) runWait(ctx context.Context, e *Engine, lock string, rounds int) {
+	c.loop(ctx, e, lock, rounds, e.AcquireWait)
+}
+
+// loop starts one goroutine of its own owner that takes lock rounds times through
+// acquire, counting how many are inside at once.
+func (c *contention) loop(ctx context.Context, e *Engine, lock string, rounds int,
+	acquire func(context.Context, AcquireRequest) error) {
 	owner := e.NewOwner()
 	c.wg.Go(func() {
 		for range rounds {
-			if err := e.AcquireWait(ctx, AcquireRequest{Lock: lock, Owner: owner, Wait: -1}); err != nil {
+			if err := acquire(ctx, AcquireRequest{Lock: lock, Owner: owner, Wait: -1}); err != nil {
 				c.fail(fmt.Errorf("acquire: %w", err))
 				return
 			}
