@@ -176,10 +176,14 @@ func (r *memRedis) run(id scripts.ID, keys, args []string, pub *[][2]string) scr
 		h.fields[args[1]]++
 		r.pexpire(keys[0], args[0])
 		return scripts.Reply{Nil: true}
-	case scripts.LockRelease: // KEYS lock, channel; ARGV message, lease, field
+	case scripts.LockRelease: // KEYS lock, channel; ARGV message, lease, field, ..., ARGV[7] keep
 		h := r.get(keys[0])
 		if h == nil || h.fields[args[2]] == 0 {
 			return scripts.Reply{Nil: true}
+		}
+		if keep := argInt(args, 6); keep > 0 && h.fields[args[2]] <= keep {
+			r.pexpire(keys[0], args[1])
+			return scripts.Reply{Int: 0} // a retry of a release that ran
 		}
 		h.fields[args[2]]--
 		if h.fields[args[2]] > 0 {
@@ -189,12 +193,18 @@ func (r *memRedis) run(id scripts.ID, keys, args []string, pub *[][2]string) scr
 		delete(r.keys, keys[0])
 		*pub = append(*pub, [2]string{keys[1], args[0]})
 		return scripts.Reply{Int: 1}
-	case scripts.LockReleaseOwner: // KEYS lock, channel; ARGV message, field, drop
+	case scripts.LockReleaseOwner: // KEYS lock, channel; ARGV message, field, drop, keep
 		h := r.get(keys[0])
 		if h == nil || h.fields[args[1]] == 0 {
 			return scripts.Reply{Int: -1}
 		}
-		if drop, _ := strconv.ParseInt(args[2], 10, 64); drop > 0 {
+		drop, _ := strconv.ParseInt(args[2], 10, 64)
+		if keep := argInt(args, 3); drop > 0 && keep > 0 {
+			if drop = min(drop, h.fields[args[1]]-keep); drop <= 0 {
+				return scripts.Reply{Int: 0} // a retry of a give-back that ran
+			}
+		}
+		if drop > 0 {
 			h.fields[args[1]] -= drop
 			if h.fields[args[1]] > 0 {
 				return scripts.Reply{Int: 0}
@@ -255,6 +265,15 @@ func (r *memRedis) run(id scripts.ID, keys, args []string, pub *[][2]string) scr
 		return scripts.Reply{Int: 0}
 	}
 	panic(fmt.Sprintf("memRedis: unknown script %v", id))
+}
+
+// argInt is args[i] as an integer, 0 when absent.
+func argInt(args []string, i int) int64 {
+	if i >= len(args) {
+		return 0
+	}
+	n, _ := strconv.ParseInt(args[i], 10, 64)
+	return n
 }
 
 // ---- manualRunner: every call waits for the test's answer ----

@@ -176,10 +176,11 @@ func (m *machine) dropSurplus(h *hold) {
 	m.abandon(l, h.owner, h.field, 0)
 }
 
-// releaseOne gives back one count of h: a grant nobody received.
+// releaseOne gives back one count of h: a grant nobody received. The counts h
+// keeps bound the release, which a lost reply may have the engine send twice.
 func (m *machine) releaseOne(h *hold) {
 	h.count--
-	m.abandon(h.lock, h.owner, h.field, 1)
+	m.cleanUp(h.lock, abandonMsg{lock: h.lock.id, owner: h.owner, field: h.field, drop: 1, keep: max(h.count, 0)})
 	if h.count <= 0 {
 		m.dropHold(h)
 	}
@@ -209,10 +210,14 @@ func (m *machine) cleanUp(l *lockState, c abandonMsg) {
 		keys = append(keys, l.fair.queue)
 		m.addLeaving(l, c.owner)
 	}
+	args := []string{unlockMessage, c.field, strconv.Itoa(c.drop)}
+	if c.keep > 0 {
+		args = append(args, strconv.Itoa(c.keep))
+	}
 	m.run(scriptCall{
 		script:   scripts.LockReleaseOwner,
 		keys:     keys,
-		args:     []string{unlockMessage, c.field, strconv.Itoa(c.drop)},
+		args:     args,
 		purpose:  purposeAbandon,
 		lock:     l.id,
 		owner:    c.owner,

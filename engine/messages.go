@@ -126,6 +126,7 @@ type (
 		owner   uint64
 		field   string
 		drop    int
+		keep    int    // with drop: the count the owner keeps, which bounds a retry (lock_release_owner.lua)
 		relayed *relay // the relay whose Unlocks its reply answers (see relay.go), or nil
 	}
 )

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/leash-go/leash/futures"
@@ -53,7 +54,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		script: scripts.LockRelease,
 		keys:   l.releaseKeys,
 		// Room for either kind's further arguments, so appending does not copy.
-		args:    append(make([]string, 0, 6), unlockMessage, m.leaseText(h.lease), h.field),
+		args:    append(make([]string, 0, 7), unlockMessage, m.leaseText(h.lease), h.field),
 		purpose: purposeUnlock,
 		lock:    l.id,
 		hold:    h.id,
@@ -74,6 +75,13 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 			l.mayBeRegistered = false
 		}
 		call.args = append(call.args, m.cfg.clientID, selfListens(l), dereg)
+	}
+	if h.count > 1 {
+		// The count h keeps: a release whose reply was lost is sent again
+		// (retryOnce), and the script must not then take a second count, which
+		// would free a lock its owner still holds. At this count or below the
+		// release has run, and takes nothing.
+		call.args = append(call.args, strconv.Itoa(h.count-1))
 	}
 	m.run(call)
 }

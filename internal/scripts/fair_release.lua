@@ -11,6 +11,9 @@
 -- ARGV[3]  owner field
 -- ARGV[4]  now, milliseconds since the epoch
 -- ARGV[5]  wait allowance in milliseconds
+-- ARGV[6]  optional: the count the caller expects the owner to keep, as for
+--          lock_release.lua's ARGV[7]: at that count or less, the reply is 0 and
+--          nothing is decremented (a retry of a release that ran)
 -- Reply: nil when the owner does not hold the lock (if the lock is free, it is still
 --        passed on, so the queue keeps moving); 0 when the owner still holds it;
 --        1 when the lock was released and passed on.
@@ -23,6 +26,12 @@ if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
         pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[1])
     end
     return nil
+end
+local keep = tonumber(ARGV[6] or '0')
+local held = tonumber(redis.call('hget', KEYS[1], ARGV[3]))
+if keep > 0 and held ~= nil and held <= keep then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return 0
 end
 local count = redis.call('hincrby', KEYS[1], ARGV[3], -1)
 if count > 0 then

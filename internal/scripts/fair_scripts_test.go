@@ -145,6 +145,7 @@ type fairCase struct {
 	// claim of an unheard one.
 	register string
 	claim    bool
+	keep     string // fair_release's ARGV[6], the count the caller expects to keep ("": absent)
 
 	wantGrants string // the direct-grants hash after the call
 
@@ -373,6 +374,11 @@ func TestFairRelease(t *testing.T) {
 		{name: "full release, empty queue", hash: "A=1", owner: "A", want: "1"},
 		{name: "count 2", hash: "A=2", pttl: 1_000, queue: "B:+25000", owner: "A",
 			want: "0", wantHash: "A=1", wantQueue: "B:+25000", wantLease: lease},
+		{name: "count 2, keeping 1", hash: "A=2", pttl: 1_000, queue: "B:+25000", owner: "A", keep: "1",
+			want: "0", wantHash: "A=1", wantQueue: "B:+25000", wantLease: lease},
+		// A retry of that release, whose first try ran: nothing more goes.
+		{name: "count 1, keeping 1", hash: "A=1", pttl: 1_000, queue: "B:+25000", owner: "A", keep: "1",
+			want: "0", wantHash: "A=1", wantQueue: "B:+25000", wantLease: lease},
 		{name: "not held, lock free: the head is still woken", queue: "B:+25000 C:+30000", owner: "A",
 			want: "nil", wantQueue: "B:+25000 C:+30000", wantWake: []string{"B"}},
 		{name: "not held, lock free, empty queue", owner: "A", want: "nil"},
@@ -402,7 +408,11 @@ func TestFairRelease(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fairLock(fmt.Sprintf("fr%d", i))
 			w := tc.setup(t, e, f)
-			rep := e.run(t, scripts.FairRelease, f.keys(), unlockMsg, strconv.Itoa(lease), tc.owner, at(tc.at), strconv.Itoa(wait))
+			args := []string{unlockMsg, strconv.Itoa(lease), tc.owner, at(tc.at), strconv.Itoa(wait)}
+			if tc.keep != "" {
+				args = append(args, tc.keep)
+			}
+			rep := e.run(t, scripts.FairRelease, f.keys(), args...)
 			tc.check(t, e, f, w, "fair_release", rep)
 		})
 	}

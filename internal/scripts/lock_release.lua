@@ -10,6 +10,11 @@
 -- ARGV[5]  optional: "1" when the caller listens on the unlock channel
 -- ARGV[6]  optional: "1" when the caller may be registered and has no waiter left
 --          (its registration goes)
+-- ARGV[7]  optional: the count the caller expects the owner to keep (its holds
+--          less this one); when the count is that or less already, the release has
+--          run (a retry whose first try's reply was lost), and the reply is 0 with
+--          nothing decremented, so a retry never takes a re-entered lock's last
+--          count. "0" or absent: no such floor.
 -- Reply: nil when the owner does not hold the lock;
 --        0 when the owner still holds it (count decremented);
 --        1 when the lock was released (key deleted; granted to a registered waiter
@@ -23,6 +28,12 @@
 local count = redis.call('hget', KEYS[1], ARGV[3])
 if not count then
     return nil
+end
+local keep = tonumber(ARGV[7] or '0')
+local held = tonumber(count)
+if keep > 0 and held ~= nil and held <= keep then
+    redis.call('pexpire', KEYS[1], ARGV[2])
+    return 0
 end
 if count ~= '1' and redis.call('hincrby', KEYS[1], ARGV[3], -1) > 0 then
     redis.call('pexpire', KEYS[1], ARGV[2])

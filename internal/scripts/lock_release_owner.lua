@@ -8,6 +8,9 @@
 -- ARGV[1]  unlock message ("0")
 -- ARGV[2]  owner field
 -- ARGV[3]  how many holds to drop; "0" drops all of them
+-- ARGV[4]  optional, with a count to drop: how many the caller expects the owner to
+--          keep; no more is dropped than leaves that many (a retry of a release
+--          that ran drops nothing), so a retry never takes holds the owner still has
 -- Reply: 1 when the key was deleted and waiters woken; 0 when the key stays (the
 --        owner still holds: fewer holds dropped than it had; or other fields
 --        remain); -1 when the owner held nothing.
@@ -15,6 +18,14 @@ if redis.call('hexists', KEYS[1], ARGV[2]) == 0 then
     return -1
 end
 local drop = tonumber(ARGV[3])
+local keep = tonumber(ARGV[4] or '0')
+local held = tonumber(redis.call('hget', KEYS[1], ARGV[2]))
+if drop > 0 and keep > 0 and held ~= nil then
+    drop = math.min(drop, held - keep)
+    if drop <= 0 then
+        return 0
+    end
+end
 if drop > 0 then
     local left = redis.call('hincrby', KEYS[1], ARGV[2], -drop)
     if left > 0 then

@@ -418,20 +418,33 @@ func TestLockRelease(t *testing.T) {
 		owner     string
 		want      string
 		wantHash  string
-		wantLease bool // PEXPIRE re-applied
-		wantPub   bool // "0" published on the lock's channel
+		wantLease bool   // PEXPIRE re-applied
+		wantPub   bool   // "0" published on the lock's channel
+		keep      string // ARGV[7], the count the caller expects to keep ("": absent)
 	}{
 		{name: "free", owner: "c:1", want: "nil"},
 		{name: "not owner", hash: "c:2=1", owner: "c:1", want: "nil", wantHash: "c:2=1"},
 		{name: "count 2", hash: "c:1=2", owner: "c:1", want: "0", wantHash: "c:1=1", wantLease: true},
 		{name: "count 1", hash: "c:1=1", owner: "c:1", want: "1", wantPub: true},
+		{name: "count 2, keeping 1", hash: "c:1=2", owner: "c:1", keep: "1", want: "0", wantHash: "c:1=1",
+			wantLease: true},
+		// A retry of that release, whose first try ran: nothing more goes.
+		{name: "count 1, keeping 1", hash: "c:1=1", owner: "c:1", keep: "1", want: "0", wantHash: "c:1=1",
+			wantLease: true},
+		{name: "count 3 (a surplus), keeping 1", hash: "c:1=3", owner: "c:1", keep: "1", want: "0",
+			wantHash: "c:1=2", wantLease: true},
+		{name: "count 1, keeping 0", hash: "c:1=1", owner: "c:1", keep: "0", want: "1", wantPub: true},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			key := fmt.Sprintf("rel%d", i)
 			e.setHash(t, key, tc.hash, 1_000)
 			w := e.watch(t, key)
-			rep := e.run(t, scripts.LockRelease, []string{key, channel(key)}, unlockMsg, strconv.Itoa(lease), tc.owner)
+			args := []string{unlockMsg, strconv.Itoa(lease), tc.owner}
+			if tc.keep != "" {
+				args = append(args, "", "1", "0", tc.keep) // ARGV[4-6] count only with KEYS[3]
+			}
+			rep := e.run(t, scripts.LockRelease, []string{key, channel(key)}, args...)
 			wantReply(t, "lock_release", rep, tc.want)
 			e.wantHash(t, key, tc.wantHash)
 			if tc.wantLease {
@@ -470,7 +483,13 @@ func TestLockReleaseOwner(t *testing.T) {
 		want     string
 		wantHash string
 		wantPub  string // "" none; "lock": the lock's channel; else the queue head woken
+		keep     string // ARGV[4], the count the caller expects to keep ("": absent)
 	}{
+		{name: "drop 1 of 2, keeping 1", hash: "c:1=2", owner: "c:1", drop: "1", keep: "1", want: "0", wantHash: "c:1=1"},
+		// A retry of that give-back, whose first try ran: nothing more goes.
+		{name: "drop 1 of 1, keeping 1", hash: "c:1=1", owner: "c:1", drop: "1", keep: "1", want: "0", wantHash: "c:1=1"},
+		{name: "drop 2 of 2, keeping 1", hash: "c:1=2", owner: "c:1", drop: "2", keep: "1", want: "0", wantHash: "c:1=1"},
+		{name: "drop 1 of 1, keeping 0", hash: "c:1=1", owner: "c:1", drop: "1", keep: "0", want: "1", wantPub: "lock"},
 		{name: "drop 1 of 3", hash: "c:1=3", owner: "c:1", drop: "1", want: "0", wantHash: "c:1=2"},
 		{name: "drop 1 of 1", hash: "c:1=1", owner: "c:1", drop: "1", want: "1", wantPub: "lock"},
 		{name: "drop 2 of 2", hash: "c:1=2", owner: "c:1", drop: "2", want: "1", wantPub: "lock"},
@@ -499,7 +518,11 @@ func TestLockReleaseOwner(t *testing.T) {
 				}
 			}
 			w := e.watch(t, key)
-			rep := e.run(t, scripts.LockReleaseOwner, keys, unlockMsg, tc.owner, tc.drop)
+			args := []string{unlockMsg, tc.owner, tc.drop}
+			if tc.keep != "" {
+				args = append(args, tc.keep)
+			}
+			rep := e.run(t, scripts.LockReleaseOwner, keys, args...)
 			wantReply(t, "lock_release_owner", rep, tc.want)
 			e.wantHash(t, key, tc.wantHash)
 			switch tc.wantPub {
