@@ -307,9 +307,7 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	if isRedisError(err) || w.oneShot || w.expired || w.cancelErr != nil || m.closing {
 		// A Redis error reply (wrong type, script error, no auth) will not go away by
 		// retrying; a waiter out of time or cancelled gets its answer now.
-		if !isRedisError(err) {
-			m.undoAmbiguous(w)
-		}
+		w.ambiguous = !isRedisError(err)
 		if w.cancelErr != nil {
 			err = w.cancelErr
 		}
@@ -317,7 +315,9 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 		return
 	}
 	// A transport error: the server may come back. Keep the waiter, retry with backoff.
+	// If it gives up meanwhile, finish cleans up what this attempt may have taken.
 	w.lastErr = err
+	w.ambiguous = true
 	if l.fair == nil && w.sentField != "" && w.sentField != m.waiterField(w) && m.holds[holdKey{l.id, w.owner}] == nil {
 		// A re-entry under a direct grant's field whose hold ended meanwhile: if
 		// the script ran, that field holds the lock for nobody. Nobody else uses
@@ -345,6 +345,7 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 func (m *machine) attemptRefused(w *waiter, ttl time.Duration, now time.Time) {
 	l := w.lock
 	w.refused = true
+	w.ambiguous = false // the server answered: an earlier attempt took nothing
 	l.backoff = 0
 	l.backingOff = false
 	if m.settleRefusal(w) {
@@ -496,6 +497,13 @@ func (m *machine) queueEmptied(l *lockState) {
 // finish completes a waiter that did not get the lock.
 func (m *machine) finish(w *waiter, err error) {
 	l := w.lock
+	if w.ambiguous {
+		// Its last attempt may have run: a waiter that gives up during the back-off
+		// after a transport error (its context, its wait, Close) must not leave
+		// the lock held by nobody until its lease ends.
+		w.ambiguous = false
+		m.undoAmbiguous(w)
+	}
 	if w.queued {
 		l.queue.remove(w)
 	}

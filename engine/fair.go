@@ -311,6 +311,7 @@ func (m *machine) ownerQueued(l *lockState, owner uint64) bool {
 func (m *machine) fairRefused(w *waiter, ttl time.Duration, sentAt, now time.Time) {
 	l := w.lock
 	l.backoff = 0
+	w.ambiguous = false // the server answered (see attemptRefused)
 	if !w.oneShot {
 		w.enqueued = true
 		w.queuedAt = sentAt

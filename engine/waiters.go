@@ -39,6 +39,9 @@ type waiter struct {
 	expired    bool  // the wait ran out while an attempt was in flight
 	cancelErr  error // the context ended (or the client closed) while an attempt was in flight
 	lastErr    error // the last transport error, reported if the wait runs out
+	// ambiguous: the last attempt failed with a transport error, so its script may
+	// have run; a waiter that ends so is cleaned up after (finish, undoAmbiguous).
+	ambiguous bool
 
 	// Plain locks only (see directgrant.go).
 	refused    bool  // an attempt of its was refused: the next ones register
