@@ -323,7 +323,7 @@ func (r *Redis) RunBatch(ctx context.Context, calls []Call) []Result {
 		results[i] = unitResults(units[i], res)
 	}
 	if len(missed) > 0 {
-		r.retryMissed(ctx, units, missed, results)
+		r.retryMissed(ctx, units, missed, results, 1)
 	}
 	for _, rs := range results {
 		out = append(out, rs...)
@@ -350,8 +350,10 @@ func split(calls []Call) [][]Call {
 }
 
 // retryMissed loads every script and sends the units that met NOSCRIPT again, in
-// order, except those a later unit on the same keys has overtaken.
-func (r *Redis) retryMissed(ctx context.Context, units [][]Call, missed []int, results [][]Result) {
+// order, except those a later unit on the same keys has overtaken. tries counts
+// these sends; units that meet NOSCRIPT again go once more, up to
+// maxNoScriptTries.
+func (r *Redis) retryMissed(ctx context.Context, units [][]Call, missed []int, results [][]Result, tries int) {
 	fail := func(i int, err error) {
 		results[i] = make([]Result, len(units[i]))
 		for j := range results[i] {
@@ -374,10 +376,24 @@ func (r *Redis) retryMissed(ctx context.Context, units [][]Call, missed []int, r
 		again = append(again, i)
 		cmds = append(cmds, r.command(units[i]))
 	}
+	var still []int // met NOSCRIPT again: flushed between the load and the send
 	for j, res := range r.client.DoMulti(ctx, cmds...) {
+		if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() && tries < maxNoScriptTries {
+			still = append(still, again[j])
+			continue
+		}
 		results[again[j]] = unitResults(units[again[j]], res)
 	}
+	if len(still) > 0 {
+		r.retryMissed(ctx, units, still, results, tries+1)
+	}
 }
+
+// maxNoScriptTries bounds how often a batch's units are sent again after NOSCRIPT:
+// a script cache flushed again between the load and the send (SCRIPT FLUSH in a
+// loop) would otherwise reach the engine as a Redis error, which it does not
+// retry: a failed Unlock then loses its hold.
+const maxNoScriptTries = 5
 
 // command is one unit of a batch as one EVALSHA: the call's own script when it is
 // alone, otherwise the multi script with every call's script id, key and argument
