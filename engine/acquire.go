@@ -306,8 +306,13 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	l := w.lock
 	if isRedisError(err) || w.oneShot || w.expired || w.cancelErr != nil || m.closing {
 		// A Redis error reply (wrong type, script error, no auth) will not go away by
-		// retrying; a waiter out of time or cancelled gets its answer now.
-		w.ambiguous = !isRedisError(err)
+		// retrying; a waiter out of time or cancelled gets its answer now. Its
+		// attempt is still the owner's call in flight, so no other call of the
+		// owner's can be: the cleanup goes now.
+		if !isRedisError(err) {
+			m.undoAmbiguous(w)
+		}
+		w.ambiguous = false
 		if w.cancelErr != nil {
 			err = w.cancelErr
 		}
@@ -323,6 +328,7 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 		// the script ran, that field holds the lock for nobody. Nobody else uses
 		// it, so it goes (the retry names the handle's own field).
 		m.abandon(l, w.owner, w.sentField, 0)
+		w.ambiguous = false // what it may have taken is gone already
 	}
 	if l.fair != nil {
 		w.wake = true // its own retry timer was spent on this attempt
@@ -500,9 +506,14 @@ func (m *machine) finish(w *waiter, err error) {
 	if w.ambiguous {
 		// Its last attempt may have run: a waiter that gives up during the back-off
 		// after a transport error (its context, its wait, Close) must not leave
-		// the lock held by nobody until its lease ends.
+		// the lock held by nobody until its lease ends. Unless another call of the
+		// owner's is in flight (a TryLock of the same handle): the owner-guarded
+		// cleanup could run after it and delete the hold it takes, so then the
+		// lock ends with its lease, as it did before this cleanup existed.
 		w.ambiguous = false
-		m.undoAmbiguous(w)
+		if !m.ownerBusy(holdKey{l.id, w.owner}) {
+			m.undoAmbiguous(w)
+		}
 	}
 	if w.queued {
 		l.queue.remove(w)

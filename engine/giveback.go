@@ -128,7 +128,7 @@ func (m *machine) answerParkedOnClose() {
 // serialized call or give-backs in flight, as for any request of the owner's, and
 // remembers where, so that its cancellation can answer it (cancelParked).
 func (m *machine) parkAcquire(k holdKey, msg acquireMsg) bool {
-	if m.busy(k) {
+	if m.ownerBusy(k) {
 		m.deferCall(k, msg)
 		m.parkedAcquires[msg.id] = k
 		return true

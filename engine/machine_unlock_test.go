@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strconv"
@@ -512,4 +513,46 @@ func TestMachineUnlockAfterForceReleaseReportsLost(t *testing.T) {
 	if _, kept := h.m.lostHolds[holdKey{h.lockID("L"), 1}]; kept {
 		t.Error("the lost-hold entry kept after the Unlock answered it")
 	}
+}
+
+// A waiter that gives up during the back-off after an ambiguous attempt (a
+// transport error: the script may have run) cleans up what it may have taken,
+// owner-guarded; but not while another call of the same owner is in flight (a
+// TryLock of the same handle), which the cleanup could follow and undo.
+func TestMachineGiveUpAfterAmbiguousAttempt(t *testing.T) {
+	t.Run("nothing else in flight: cleaned up", func(t *testing.T) {
+		h := newMH(t)
+		w := h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), scripts.Reply{}, errConn)
+		h.take()
+		h.cancelCtx(w)
+		c := h.take().one(t, scripts.LockReleaseOwner)
+		if c.args[1] != "cid:1" || c.args[2] != "0" {
+			t.Errorf("cleanup args %q, want all of owner 1's field", c.args)
+		}
+		if err := mustGet(t, "the waiter", w.future); !errors.Is(err, context.Canceled) {
+			t.Errorf("the waiter got %v, want its context's error", err)
+		}
+	})
+	t.Run("a TryLock of the owner in flight: left alone", func(t *testing.T) {
+		h := newMH(t)
+		w := h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), scripts.Reply{}, errConn)
+		h.take()
+		try := h.acquire("L", 1, 0, 0)
+		s := h.take()
+		calls := s.calls(scripts.LockAcquire)
+		if len(calls) != 1 {
+			t.Fatalf("the TryLock made %d calls during the back-off, want its attempt: %v", len(calls), s)
+		}
+		h.cancelCtx(w)
+		if rel := h.take().calls(scripts.LockReleaseOwner); len(rel) != 0 {
+			t.Fatalf("cleanup sent while the owner's TryLock is in flight: %v", rel)
+		}
+		h.reply(calls[0], replyNil, nil)
+		if rel := h.take().calls(scripts.LockReleaseOwner); len(rel) != 0 {
+			t.Fatalf("cleanup sent after the TryLock took the lock: %v", rel)
+		}
+		mustGranted(t, "the TryLock", try.future)
+	})
 }

@@ -29,16 +29,10 @@ type ownerCalls struct {
 	pending []message // requests waiting for it, in arrival order
 }
 
-// busy reports whether the owner has a serialized call in flight; its requests then
-// wait behind it (deferCall). Asking first, rather than handing every request to a
-// function that may park it, keeps the request from being boxed into a message on
-// the common path, where nothing waits.
-func (m *machine) busy(k holdKey) bool {
-	q := m.serial[k]
-	return q != nil && q.busy > 0
-}
-
-// deferCall parks msg behind the owner's call in flight; busy(k) must be true.
+// deferCall parks msg behind the owner's call in flight; ownerBusy(k) must be
+// true. Callers ask first, rather than hand every request to a function that may
+// park it, which keeps the request from being boxed into a message on the common
+// path, where nothing waits.
 func (m *machine) deferCall(k holdKey, msg message) {
 	q := m.serial[k]
 	q.pending = append(q.pending, msg)
@@ -110,7 +104,7 @@ func (m *machine) onSettle(msg settleMsg) {
 		return
 	}
 	k := holdKey{l.id, msg.owner}
-	if m.busy(k) {
+	if m.ownerBusy(k) {
 		m.deferCall(k, msg)
 		return
 	}

@@ -23,7 +23,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 			return
 		}
 		key := holdKey{l.id, msg.owner}
-		if m.busy(key) {
+		if m.ownerBusy(key) {
 			m.deferCall(key, msg)
 			return
 		}
