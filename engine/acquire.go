@@ -405,7 +405,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 			w.stop()
 		}
 		w.future.Complete(WrapError(l.name, err))
-		m.releaseOne(h)
+		m.releaseOne(h, false)
 		if l.queue.len == 0 {
 			m.queueEmptied(l)
 		}
@@ -578,7 +578,7 @@ func (m *machine) onCancel(msg cancelMsg, now time.Time) {
 	h := m.holdByID[r.hold]
 	if _, revoked := r.future.Revoke(msg.err); revoked && h != nil {
 		m.stats.Revoked++
-		m.releaseOne(h)
+		m.releaseOne(h, true)
 	}
 }
 

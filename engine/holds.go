@@ -177,10 +177,20 @@ func (m *machine) dropSurplus(h *hold) {
 }
 
 // releaseOne gives back one count of h: a grant nobody received. The counts h
-// keeps bound the release, which a lost reply may have the engine send twice.
-func (m *machine) releaseOne(h *hold) {
+// keeps bound the release, which a lost reply may have the engine send twice
+// (keepHeld). With afterCalls, while a call of the owner's is in flight (an
+// Unlock, whose own bound counted this count), the give-back waits for its reply:
+// running first, it would leave that Unlock's bound too high, and the Unlock
+// would take nothing. (Without it, the caller is handling the owner's call's
+// reply itself.)
+func (m *machine) releaseOne(h *hold, afterCalls bool) {
 	h.count--
-	m.cleanUp(h.lock, abandonMsg{lock: h.lock.id, owner: h.owner, field: h.field, drop: 1, keep: max(h.count, 0)})
+	c := abandonMsg{lock: h.lock.id, owner: h.owner, field: h.field, drop: 1, keepHeld: true}
+	if k := (holdKey{h.lock.id, h.owner}); afterCalls && m.ownerBusy(k) {
+		m.deferCall(k, c)
+	} else {
+		m.cleanUp(h.lock, c)
+	}
 	if h.count <= 0 {
 		m.dropHold(h)
 	}
@@ -211,8 +221,8 @@ func (m *machine) cleanUp(l *lockState, c abandonMsg) {
 		m.addLeaving(l, c.owner)
 	}
 	args := []string{unlockMessage, c.field, strconv.Itoa(c.drop)}
-	if c.keep > 0 {
-		args = append(args, strconv.Itoa(c.keep))
+	if h := m.holds[holdKey{l.id, c.owner}]; c.keepHeld && h != nil && h.field == c.field && h.count > 0 {
+		args = append(args, strconv.Itoa(h.count)) // the counts the owner keeps, as of now
 	}
 	m.run(scriptCall{
 		script:   scripts.LockReleaseOwner,

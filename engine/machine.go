@@ -142,8 +142,9 @@ func (m *machine) handle(msg message, now time.Time) {
 	case resubscribed:
 		m.onResubscribed(now)
 	case abandonMsg:
-		// Not reached today: sendWaitingCleanups takes every waiting cleanup out
-		// before markIdle hands the owner's other requests here.
+		// A give-back that waited for the owner's call in flight (releaseOne), or
+		// one markIdle finds left (sendWaitingCleanups takes out those that wait
+		// for an early handoff).
 		m.runCleanup(msg)
 	}
 }

@@ -122,12 +122,14 @@ type (
 	// abandonMsg: an owner-guarded cleanup of a plain lock that waited behind an
 	// early handoff to its owner (see abandon); never posted to the mailbox.
 	abandonMsg struct {
-		lock    uint64 // the lock's id: the handoff in flight keeps its state live
-		owner   uint64
-		field   string
-		drop    int
-		keep    int    // with drop: the count the owner keeps, which bounds a retry (lock_release_owner.lua)
-		relayed *relay // the relay whose Unlocks its reply answers (see relay.go), or nil
+		lock  uint64 // the lock's id: the handoff in flight keeps its state live
+		owner uint64
+		field string
+		drop  int
+		// keepHeld: the release is bounded by the count the owner's hold keeps when
+		// it is sent (lock_release_owner.lua's ARGV[4]), so a retry takes no more.
+		keepHeld bool
+		relayed  *relay // the relay whose Unlocks its reply answers (see relay.go), or nil
 	}
 )
 
