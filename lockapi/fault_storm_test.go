@@ -571,55 +571,6 @@ func stormLockOnce(m *lockapi.Mutex) (held bool, how string, err error) {
 	}
 }
 
-// TestFaultStorm runs runStorm under one kind of fault at a time, or none: no
-// faults, pub/sub kills, kills of the command connections with private handles,
-// server pauses and restarts, spaced-out SCRIPT FLUSHes, Close mid-storm.
-func TestFaultStorm(t *testing.T) {
-	t.Parallel()
-	for _, tc := range []struct {
-		name string
-		cfg  stormConfig
-	}{
-		{"clean", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 2 * time.Second, checkHoldCount: true}},
-		{"clean-fair", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, checkHoldCount: true, fair: true}},
-		{"clean-shared-fair", stormConfig{clients: 2, locks: 4, goroutines: 32, shared: true, dur: 2 * time.Second, fair: true}},
-		{"killpubsub-fair", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 3 * time.Second, fair: true,
-			faults: stormFaults{killPubSub: true}, faultEvery: 20 * time.Millisecond}},
-		{"close-clean", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, closeOne: true,
-			opts: lockapi.Options{CloseTimeout: 2 * time.Second}}},
-		{"close-killpubsub", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, closeOne: true,
-			faults: stormFaults{killPubSub: true}, faultEvery: 20 * time.Millisecond,
-			opts: lockapi.Options{CloseTimeout: 2 * time.Second}}},
-		{"big", stormConfig{clients: 1, locks: 32, goroutines: 256, dur: 3 * time.Second, checkHoldCount: true}},
-		{"restart", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 3 * time.Second,
-			faults: stormFaults{restart: true}, faultEvery: 700 * time.Millisecond,
-			opts: lockapi.Options{WatchdogTimeout: time.Second, OpTimeout: time.Second}}},
-		{"pause", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 3 * time.Second,
-			faults: stormFaults{pause: true}, faultEvery: 100 * time.Millisecond,
-			opts: lockapi.Options{WatchdogTimeout: time.Second, OpTimeout: time.Second}}},
-		{"clean-shared", stormConfig{clients: 2, locks: 4, goroutines: 32, shared: true, dur: 2 * time.Second}},
-		{"flush-rare", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 3 * time.Second,
-			faults: stormFaults{scriptFlush: true, fixed: true}, faultEvery: 100 * time.Millisecond, checkHoldCount: true}},
-		{"killnormal", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 3 * time.Second,
-			faults: stormFaults{killNormal: true}, faultEvery: 50 * time.Millisecond,
-			opts: lockapi.Options{WatchdogTimeout: 2 * time.Second, OpTimeout: 2 * time.Second}}},
-		{"killpubsub", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 3 * time.Second,
-			faults: stormFaults{killPubSub: true}, faultEvery: 20 * time.Millisecond}},
-		{"killnormal-private", stormConfig{clients: 3, locks: 6, goroutines: 48, dur: 3 * time.Second,
-			faults: stormFaults{killNormal: true}, faultEvery: 30 * time.Millisecond,
-			opts: lockapi.Options{WatchdogTimeout: 2 * time.Second, OpTimeout: 2 * time.Second}}},
-		{"big-flush-every-250ms", stormConfig{clients: 2, locks: 32, goroutines: 256, dur: 3 * time.Second, checkHoldCount: true,
-			faults: stormFaults{scriptFlush: true, fixed: true}, faultEvery: 250 * time.Millisecond}},
-		{"close-flush-rare", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, closeOne: true,
-			faults: stormFaults{scriptFlush: true, fixed: true}, faultEvery: 150 * time.Millisecond,
-			opts: lockapi.Options{CloseTimeout: 2 * time.Second}}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			runStorm(t, tc.cfg)
-		})
-	}
-}
-
 // TestFaultStormScriptFlush runs runStorm while SCRIPT FLUSH empties the server's
 // script cache every few milliseconds. A flush between scripts.RunBatch's reload
 // and its re-send made the re-sent EVALSHA answer NOSCRIPT, which reached the
