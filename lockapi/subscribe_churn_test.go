@@ -25,8 +25,9 @@ import (
 // (after the linger); every staying waiter gets its lock promptly when the holder
 // releases it (no lost wake-up); and at the end nothing is left subscribed and
 // every key is gone.
+//
+// Not parallel, as TestFaultStormScriptFlush: its churn keeps both cores busy.
 func TestSubscribeChurn(t *testing.T) {
-	t.Parallel()
 	for _, fair := range []bool{false, true} {
 		t.Run(map[bool]string{false: "Mutex", true: "FairMutex"}[fair], func(t *testing.T) {
 			t.Parallel()
