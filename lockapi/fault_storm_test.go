@@ -285,7 +285,7 @@ func runStorm(t *testing.T, cfg stormConfig) {
 				m := own[li]
 				t0 := time.Now()
 				ep := tr.epoch(li, m)
-				held, how, err := stormLockOnce(m)
+				held, how, err := advLockOnce(m) // one way or another, chosen at random
 				// A Lock returns within its context plus one OpTimeout (a call at the
 				// server is waited for); a generous bound on a loaded machine.
 				if d := time.Since(t0); d > 25*time.Second {
@@ -538,37 +538,6 @@ func stormOwner(m *lockapi.Mutex) uint64 {
 	v, _ := stormOwners.Load(m)
 	n, _ := v.(uint64)
 	return n
-}
-
-// stormLockOnce takes m one way or another, chosen at random.
-func stormLockOnce(m *lockapi.Mutex) (held bool, how string, err error) {
-	switch r := rand.IntN(10); {
-	case r < 5:
-		ctx, cancel := stressLockCtx()
-		defer cancel()
-		err = m.Lock(ctx)
-		return err == nil, "Lock", err
-	case r < 7:
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		ok, err := m.TryLock(ctx, time.Duration(rand.IntN(3000))*time.Microsecond, 0)
-		return ok, "TryLock", err
-	case r < 9:
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(4000))*time.Microsecond)
-		defer cancel()
-		ch := m.Acquire(ctx)
-		select {
-		case err := <-ch:
-			return err == nil, "Acquire", err
-		case <-ctx.Done():
-			return false, "Acquire", ctx.Err()
-		}
-	default:
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-		defer cancel()
-		err = m.Lock(ctx)
-		return err == nil, "Lock-long", err
-	}
 }
 
 // TestFaultStormScriptFlush runs runStorm while SCRIPT FLUSH empties the server's
