@@ -166,6 +166,14 @@ func (p *replyProxy) close() {
 	p.wg.Wait()
 }
 
+// mutexOf is c's handle on name: its fair lock, or its Mutex.
+func mutexOf(c *lockapi.Client, name string, fair bool) *lockapi.Mutex {
+	if fair {
+		return c.FairMutex(name)
+	}
+	return c.Mutex(name)
+}
+
 // TestUnlockReplyLostKeepsCount: a handle holds the lock twice (re-entered) and
 // Unlocks once; the server runs the release (count 2 -> 1) but its reply is lost
 // with the connection. The engine retries the release once after a transport
@@ -187,12 +195,7 @@ func testUnlockReplyLostKeepsCount(t *testing.T, fair bool) {
 	c := newClient(t, srv, lockapi.Options{Addrs: []string{proxy.Addr()}, OpTimeout: 2 * time.Second})
 	other := newClient(t, srv, lockapi.Options{})
 	name := lockName(t, "")
-	handle := func(c *lockapi.Client) *lockapi.Mutex {
-		if fair {
-			return c.FairMutex(name)
-		}
-		return c.Mutex(name)
-	}
+	handle := func(c *lockapi.Client) *lockapi.Mutex { return mutexOf(c, name, fair) }
 
 	m := handle(c)
 	lockWithin(t, m, 5*time.Second)
@@ -268,12 +271,7 @@ func TestLockReplyLost(t *testing.T) {
 			c := newClient(t, srv, lockapi.Options{Addrs: []string{proxy.Addr()}, OpTimeout: 2 * time.Second})
 			other := newClient(t, srv, lockapi.Options{})
 			name := lockName(t, "")
-			handle := func(c *lockapi.Client) *lockapi.Mutex {
-				if tc.fair {
-					return c.FairMutex(name)
-				}
-				return c.Mutex(name)
-			}
+			handle := func(c *lockapi.Client) *lockapi.Mutex { return mutexOf(c, name, tc.fair) }
 			m := handle(c)
 			// Warm the script cache: the reply to drop is the script's.
 			lockWithin(t, m, 5*time.Second)
@@ -367,12 +365,7 @@ func testEarlyHandoffReplyLost(t *testing.T, fair, relay, drop bool, n int) {
 	c := newClient(t, srv, lockapi.Options{Addrs: []string{proxy.Addr()}, OpTimeout: 2 * time.Second})
 	other := newClient(t, srv, lockapi.Options{})
 	name := lockName(t, "")
-	handle := func(c *lockapi.Client) *lockapi.Mutex {
-		if fair {
-			return c.FairMutex(name)
-		}
-		return c.Mutex(name)
-	}
+	handle := func(c *lockapi.Client) *lockapi.Mutex { return mutexOf(c, name, fair) }
 	a, b, cc := handle(c), handle(c), handle(c) // owners 1, 2, 3
 	// Warm the script cache with a handoff: the replies to drop are then the
 	// scripts'.
@@ -477,12 +470,7 @@ func TestGiveBackReplyLostKeepsCount(t *testing.T) {
 			c := newClient(t, srv, lockapi.Options{Addrs: []string{proxy.Addr()}, OpTimeout: 2 * time.Second})
 			other := newClient(t, srv, lockapi.Options{})
 			name := lockName(t, "")
-			handle := func(c *lockapi.Client) *lockapi.Mutex {
-				if fair {
-					return c.FairMutex(name)
-				}
-				return c.Mutex(name)
-			}
+			handle := func(c *lockapi.Client) *lockapi.Mutex { return mutexOf(c, name, fair) }
 			m := handle(c)
 			field := engine.OwnerField(c.ID(), 1)
 			giveBack := func(arm bool) {
