@@ -556,3 +556,60 @@ func TestMachineGiveUpAfterAmbiguousAttempt(t *testing.T) {
 		mustGranted(t, "the TryLock", try.future)
 	})
 }
+
+// An Unlock releases the hold its caller was granted: the owner's hold when it
+// arrives. Two goroutines share a handle; one's hold is lost, and the other's Lock
+// of the same handle is in flight when the first calls Unlock. Parked behind that
+// call and handled after it, the Unlock used to release the hold the Lock had just
+// taken, so that goroutine was inside with nothing on the server (found by a storm
+// that kills connections, owner-shared handles, 1 run in 4).
+func TestMachineUnlockBoundToItsHold(t *testing.T) {
+	t.Run("no hold when it arrives", func(t *testing.T) {
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		ff := futures.New[forceResult]()
+		h.m.handle(forceUnlockMsg{lock: "L", future: ff}, h.now)
+		h.reply(h.take().one(t, scripts.LockForceRelease), replyInt(1), nil) // the hold is lost
+		h.take()
+		other := h.acquire("L", 1, 0, -1) // the other goroutine's Lock: queued, its attempt in flight
+		att := h.take().one(t, scripts.LockAcquire)
+		f := h.unlock("L", 1)
+		if err := mustGet(t, "unlock of the lost hold", f); !errors.Is(err, ErrLockLost) {
+			t.Fatalf("unlock got %v, want ErrLockLost at once", err)
+		}
+		h.reply(att, replyNil, nil)
+		mustGranted(t, "the other goroutine's Lock", other.future)
+		h.take().none(t) // nothing releases the new hold
+		if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
+			t.Fatalf("hold %+v after the grant, want count 1", hd)
+		}
+	})
+	t.Run("its hold lost while it waits", func(t *testing.T) {
+		h := newMH(t)
+		h.grantFresh("L", 1, time.Second)
+		try := h.acquire("L", 1, 0, 0) // a TryLock of the handle: a re-entry in flight
+		att := h.take().one(t, scripts.LockAcquire)
+		f := h.unlock("L", 1) // waits behind the TryLock
+		h.take().none(t)
+		mustPending(t, "unlock", f)
+		// The hold's lease runs out, and the TryLock, whose script ran after it,
+		// takes the lock afresh: a new hold of the same owner.
+		h.now = h.now.Add(2 * time.Second)
+		h.fire(timer.Key{Kind: kindExpiry, ID: h.hold("L", 1).id})
+		if h.hold("L", 1) != nil {
+			t.Fatal("setup: the expired hold kept")
+		}
+		h.take()
+		h.reply(att, replyNil, nil)
+		mustGranted(t, "TryLock", try.future)
+		if err := mustGet(t, "unlock of the expired hold", f); !errors.Is(err, ErrLockLost) {
+			t.Fatalf("unlock got %v, want ErrLockLost", err)
+		}
+		if s := h.take(); len(s.calls(scripts.LockRelease))+len(s.calls(scripts.LockHandoff))+len(s.calls(scripts.LockReleaseOwner)) > 0 {
+			t.Fatalf("the Unlock of the expired hold released the TryLock's: %v", s)
+		}
+		if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
+			t.Fatalf("hold %+v after the TryLock, want count 1", hd)
+		}
+	})
+}

@@ -37,6 +37,9 @@ type (
 		owner           uint64
 		future          *futures.Future[error]
 		giveBacksBefore uint64 // see acquireMsg
+		// hold: the id of the owner's hold when the Unlock first arrived, the only
+		// hold it may release; 0 until then (see onUnlock).
+		hold uint64
 	}
 	// forceUnlockMsg deletes a lock whoever holds it.
 	forceUnlockMsg struct {

@@ -16,33 +16,40 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		msg.future.Complete(ErrClosed)
 		return
 	}
-	var h *hold
 	l := m.locks[msg.lock]
-	if l != nil {
-		if m.relayUnlock(l, msg, now) {
-			return
-		}
-		key := holdKey{l.id, msg.owner}
-		if m.ownerBusy(key) {
-			m.deferCall(key, msg)
-			return
-		}
-		h = m.holds[key]
-		// With no hold there is nothing to release: the answer needs no give-back.
-		if h != nil {
-			before := m.waitFrom(&msg.giveBacksBefore) // set before msg is copied into a parked entry
-			if m.heldUpByGiveBacks(key, before) {
-				m.deferForGiveBacks(key, msg, before)
-				return
-			}
-		}
+	if l == nil {
+		msg.future.Complete(ErrNotHeld)
+		return
 	}
-	if h == nil {
-		err := ErrNotHeld
-		if l != nil {
-			err = m.unlockFoundLost(holdKey{l.id, msg.owner}, nil) // ErrLockLost if the hold was lost
-		}
-		msg.future.Complete(err)
+	key := holdKey{l.id, msg.owner}
+	h := m.holds[key]
+	switch {
+	case h == nil:
+		// Nothing to release, now or later: the answer waits for nothing.
+		msg.future.Complete(m.unlockFoundLost(key, nil)) // ErrLockLost if the hold was lost
+		return
+	case msg.hold == 0:
+		// An Unlock releases the hold its caller was granted, which is the owner's
+		// hold when it arrives. Bound to it, it cannot release a hold granted
+		// while it waits below (a Lock of another goroutine sharing the handle):
+		// that goroutine would then be inside with no lock on the server.
+		msg.hold = h.id // set before msg is copied into a parked entry
+	case msg.hold != h.id:
+		// Its hold ended while it waited (lost, or its count released by another
+		// Unlock of the handle), and this one is another's.
+		msg.future.Complete(errHoldLost)
+		return
+	}
+	if m.relayUnlock(l, msg, now) {
+		return
+	}
+	if m.ownerBusy(key) {
+		m.deferCall(key, msg)
+		return
+	}
+	before := m.waitFrom(&msg.giveBacksBefore) // set before msg is copied into a parked entry
+	if m.heldUpByGiveBacks(key, before) {
+		m.deferForGiveBacks(key, msg, before)
 		return
 	}
 	m.markBusy(holdKey{l.id, msg.owner})

@@ -120,6 +120,11 @@ func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, e
 // The release runs under the client's own bounded context even if ctx has already
 // ended, so a dead context never leaves the lock held until its lease runs out; ctx
 // only bounds how long Unlock waits for the answer.
+//
+// On a handle shared by goroutines, Unlock releases the hold the handle has when
+// the call reaches the engine: if that hold is lost before the release runs, or
+// the handle holds nothing then, Unlock returns ErrNotHeld (ErrLockLost), and a
+// hold another goroutine of the handle takes meanwhile is left alone.
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.c.check(ctx, m.name); err != nil {
 		return err
