@@ -390,6 +390,11 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 	}
 	h := m.addHold(l, w.owner, field, w.lease, sentAt, now)
 	m.stats.Grants++
+	if w.ambiguous {
+		// An earlier attempt may have run: this grant may have re-entered its count.
+		h.maySurplus = true
+		w.ambiguous = false
+	}
 	if l.fair != nil && h.count == 1 {
 		m.ownerEntryTaken(l, w.owner)
 	}

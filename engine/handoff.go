@@ -83,15 +83,16 @@ const earlyGrantMinLease = 100 * time.Millisecond
 // the top of this file): a plain lock below the chain bound, so the script is sure
 // to hand over, or a fair lock whose Redis queue w heads as far as the last reply
 // said (fair_handoff is then told to hand over whatever it finds; see its header);
-// a receiving owner with nothing in flight and nothing held; and enough of h's
-// lease left.
+// a receiving owner with nothing in flight and nothing held; enough of h's lease
+// left; and no surplus count of h's that the server may hold (maySurplus), which
+// would make the script keep the lock and the early grant be lost.
 func (m *machine) canGrantEarly(l *lockState, h *hold, w *waiter, bounded bool, now time.Time) bool {
 	key := holdKey{l.id, w.owner}
 	sure := !bounded
 	if l.fair != nil {
 		sure = w.enqueued && w.id == l.fairHead
 	}
-	return sure && w.cancelErr == nil && !w.expired &&
+	return sure && !h.maySurplus && w.cancelErr == nil && !w.expired &&
 		!m.ownerBusy(key) && m.holds[key] == nil &&
 		h.expiresAt.Sub(now) >= earlyGrantMinLease+expiryMargin(m.leaseOf(w.lease))
 }

@@ -43,6 +43,10 @@ type hold struct {
 	// expiryArmed: its expiry entry is in the wheel. A watchdog hold gets one at
 	// the first sweep after its grant, not at the grant (see onSweep).
 	expiryArmed bool
+	// maySurplus: it was granted to a waiter whose earlier attempt's reply was
+	// lost, so the server may count one more than the engine (see dropSurplus).
+	// Its handoffs then may not hand over, so they grant nobody early.
+	maySurplus bool
 
 	lost     *futures.Signal // made when first asked for (see onLost); nil until then
 	receipts []uint64        // grants still watched for an unreceived take-back

@@ -786,3 +786,32 @@ func TestMachineFairEarlyHandoff(t *testing.T) {
 		}
 	})
 }
+
+// A hold granted by the retry of an attempt whose reply was lost may have a
+// surplus count on the server: the first try may have run, and the retry then
+// re-entered it. Its handoff may then not hand over (reply 0), so it grants
+// nobody early: an early grant would be lost at once, its Lock having returned
+// nil with Lost closing a moment later.
+func TestMachineNoEarlyGrantFromMaybeSurplusHold(t *testing.T) {
+	h := newMH(t)
+	w := h.acquire("L", 1, 0, -1)
+	h.reply(h.take().one(t, scripts.LockAcquire), scripts.Reply{}, errConn) // ran, reply lost
+	h.fire(h.take().retryArmed(t).key)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil) // the retry re-entered: count 2 on the server
+	h.take()
+	mustGranted(t, "the retried Lock", w.future)
+	next := h.acquire("L", 2, 0, -1)
+	h.take()
+	c, f := h.unlockCall(t, "L", 1, scripts.LockHandoff)
+	if c.early {
+		t.Fatal("the handoff from a hold that may have a surplus count granted early")
+	}
+	mustPending(t, "the next waiter", next.future)
+	h.reply(c, replyInt(0), nil) // the surplus kept the lock
+	mustGet(t, "unlock", f)
+	s := h.take()
+	if cs := s.calls(scripts.LockReleaseOwner); len(cs) != 1 || cs[0].args[2] != "0" {
+		t.Fatalf("want the surplus released owner-guarded, got %v", s)
+	}
+	mustPending(t, "the next waiter", next.future)
+}
