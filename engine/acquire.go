@@ -410,7 +410,11 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 			w.stop()
 		}
 		w.future.Complete(WrapError(l.name, err))
-		m.releaseOne(h, false)
+		if h.maySurplus && h.count == 1 {
+			m.dropSurplus(h) // its possible surplus count goes too
+		} else {
+			m.releaseOne(h, false)
+		}
 		if l.queue.len == 0 {
 			m.queueEmptied(l)
 		}
@@ -467,7 +471,8 @@ func (m *machine) settleRefusal(w *waiter) bool {
 // Unlock (see dropSurplus).
 func (m *machine) undoAmbiguous(w *waiter) {
 	l := w.lock
-	if m.holds[holdKey{l.id, w.owner}] != nil {
+	if h := m.holds[holdKey{l.id, w.owner}]; h != nil {
+		h.maySurplus = true // the attempt was a re-entry of it
 		return
 	}
 	switch {
@@ -516,8 +521,10 @@ func (m *machine) finish(w *waiter, err error) {
 		// cleanup could run after it and delete the hold it takes, so then the
 		// lock ends with its lease, as it did before this cleanup existed.
 		w.ambiguous = false
-		if !m.ownerBusy(holdKey{l.id, w.owner}) {
+		if k := (holdKey{l.id, w.owner}); !m.ownerBusy(k) {
 			m.undoAmbiguous(w)
+		} else if h := m.holds[k]; h != nil {
+			h.maySurplus = true
 		}
 	}
 	if w.queued {

@@ -442,9 +442,17 @@ func (m *machine) sendWaitingCleanups(lock, receiver uint64) {
 // runCleanup sends a cleanup that waited for an early handoff. Its lock's state
 // is live: the handoff's call kept it so until its reply, which is now.
 func (m *machine) runCleanup(c abandonMsg) {
-	if l := m.lockByID[c.lock]; l != nil {
-		m.cleanUp(l, c)
+	l := m.lockByID[c.lock]
+	if l == nil {
+		return
 	}
+	if h := m.holds[holdKey{l.id, c.owner}]; c.afterLoss && h != nil && h.field == c.field {
+		// The call it waited for took the lost hold's field again (see
+		// releaseLost): releasing it would end that hold.
+		h.maySurplus = true
+		return
+	}
+	m.cleanUp(l, c)
 }
 
 // confirmEarly makes an early grant an ordinary hold: its lease now runs from the

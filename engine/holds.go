@@ -117,9 +117,24 @@ func (m *machine) loseHold(h *hold, release bool) {
 		// the lock again by re-entering that field once the reply is in.
 		m.abandon(h.lock, h.owner, h.field, h.count)
 	case release:
-		m.abandon(h.lock, h.owner, h.field, 0)
+		m.releaseLost(h)
 	}
 	m.dropHold(h)
+}
+
+// releaseLost sends the owner-guarded release of lost hold h's field. While a call
+// of the owner's is in flight (a re-entry, or a TryLock of a handle shared by
+// goroutines), it waits for that call's reply: sent now, it could run after the
+// call and delete the hold the call takes. If the call took the field, the release
+// does not go, and the new hold may count the lost one's counts too (maySurplus).
+// (An early handoff's receiver's cleanups wait for its reply in cleanUp.)
+func (m *machine) releaseLost(h *hold) {
+	c := abandonMsg{lock: h.lock.id, owner: h.owner, field: h.field, afterLoss: true}
+	if k := (holdKey{h.lock.id, h.owner}); m.ownerBusy(k) && !m.serial[k].early {
+		m.deferCall(k, c)
+		return
+	}
+	m.cleanUp(h.lock, c)
 }
 
 // pruneReceipts stops watching grants of h that have been received (a received

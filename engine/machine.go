@@ -389,6 +389,11 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 			m.onLeaveRegDone(d, now)
 			break
 		}
+		if h := m.holds[holdKey{d.call.lock, d.call.owner}]; d.err != nil && len(d.call.args) == 4 && h != nil && h.field == d.call.args[1] {
+			// A give-back of one count of a hold the owner keeps (releaseOne) may
+			// not have run: the server may count one more than the engine.
+			h.maySurplus = true
+		}
 		if l := m.lockByID[d.call.lock]; l != nil {
 			if l.fair != nil {
 				m.onLeaveDone(d, now) // see abandon

@@ -815,3 +815,40 @@ func TestMachineNoEarlyGrantFromMaybeSurplusHold(t *testing.T) {
 	}
 	mustPending(t, "the next waiter", next.future)
 }
+
+// The other ways a hold may have a surplus count on the server: a re-entry whose
+// reply was lost (its waiter given up, or its retry refused), and a give-back of
+// one count that failed twice. Each marks the hold, so its handoffs grant nobody
+// early.
+func TestMachineMaybeSurplusSources(t *testing.T) {
+	t.Run("re-entry given up after a lost reply", func(t *testing.T) {
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		re := h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), scripts.Reply{}, errConn) // may have run
+		h.take()
+		h.cancelCtx(re)
+		mustGet(t, "the re-entry", re.future)
+		if hd := h.hold("L", 1); hd == nil || !hd.maySurplus {
+			t.Fatalf("hold %+v, want maySurplus after its re-entry's lost reply", hd)
+		}
+	})
+	t.Run("give-back of one count failed twice", func(t *testing.T) {
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		re := h.acquire("L", 1, 0, -1) // re-entry whose caller walks away
+		att := h.take().one(t, scripts.LockAcquire)
+		re.cancel()
+		h.m.handle(cancelMsg{id: re.id, err: re.ctx.Err()}, h.now)
+		h.reply(att, replyNil, nil) // granted after the cancel: given back
+		gb := h.take().one(t, scripts.LockReleaseOwner)
+		if len(gb.args) != 4 {
+			t.Fatalf("setup: give-back args %q, want a bounded release", gb.args)
+		}
+		h.reply(gb, scripts.Reply{}, errConn)
+		h.reply(h.take().one(t, scripts.LockReleaseOwner), scripts.Reply{}, errConn) // its retry
+		if hd := h.hold("L", 1); hd == nil || hd.count != 1 || !hd.maySurplus {
+			t.Fatalf("hold %+v, want count 1 and maySurplus", hd)
+		}
+	})
+}

@@ -592,24 +592,29 @@ func TestMachineUnlockBoundToItsHold(t *testing.T) {
 		f := h.unlock("L", 1) // waits behind the TryLock
 		h.take().none(t)
 		mustPending(t, "unlock", f)
-		// The hold's lease runs out, and the TryLock, whose script ran after it,
-		// takes the lock afresh: a new hold of the same owner.
+		// The hold's lease runs out (as far as the engine can tell), and the
+		// TryLock, whose script ran after it, takes the lock: a new hold of the
+		// same owner, under the same field.
 		h.now = h.now.Add(2 * time.Second)
 		h.fire(timer.Key{Kind: kindExpiry, ID: h.hold("L", 1).id})
 		if h.hold("L", 1) != nil {
 			t.Fatal("setup: the expired hold kept")
 		}
-		h.take()
+		if s := h.take(); len(s.calls(scripts.LockReleaseOwner)) > 0 {
+			// Sent now, it could run after the TryLock and delete the hold it takes.
+			t.Fatalf("the lost hold's release went while the owner's TryLock was in flight: %v", s)
+		}
 		h.reply(att, replyNil, nil)
 		mustGranted(t, "TryLock", try.future)
 		if err := mustGet(t, "unlock of the expired hold", f); !errors.Is(err, ErrLockLost) {
 			t.Fatalf("unlock got %v, want ErrLockLost", err)
 		}
 		if s := h.take(); len(s.calls(scripts.LockRelease))+len(s.calls(scripts.LockHandoff))+len(s.calls(scripts.LockReleaseOwner)) > 0 {
-			t.Fatalf("the Unlock of the expired hold released the TryLock's: %v", s)
+			t.Fatalf("the Unlock of the expired hold, or its clean-up, released the TryLock's hold: %v", s)
 		}
-		if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
-			t.Fatalf("hold %+v after the TryLock, want count 1", hd)
+		hd := h.hold("L", 1)
+		if hd == nil || hd.count != 1 || !hd.maySurplus {
+			t.Fatalf("hold %+v after the TryLock, want count 1 and maySurplus (the server may still count the lost hold)", hd)
 		}
 	})
 }

@@ -132,7 +132,11 @@ type (
 		// keepHeld: the release is bounded by the count the owner's hold keeps when
 		// it is sent (lock_release_owner.lua's ARGV[4]), so a retry takes no more.
 		keepHeld bool
-		relayed  *relay // the relay whose Unlocks its reply answers (see relay.go), or nil
+		// afterLoss: the release of a lost hold's field that waited for the owner's
+		// call in flight (see releaseLost); it goes only if that call did not take
+		// the field again.
+		afterLoss bool
+		relayed   *relay // the relay whose Unlocks its reply answers (see relay.go), or nil
 	}
 )
 

@@ -26,7 +26,11 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	switch {
 	case h == nil:
 		// Nothing to release, now or later: the answer waits for nothing.
-		msg.future.Complete(m.unlockFoundLost(key, nil)) // ErrLockLost if the hold was lost
+		err := m.unlockFoundLost(key, nil) // ErrLockLost if the hold was lost
+		if msg.hold != 0 {
+			err = errHoldLost // its hold ended while it waited (see below)
+		}
+		msg.future.Complete(err)
 		return
 	case msg.hold == 0:
 		// An Unlock releases the hold its caller was granted, which is the owner's

@@ -124,7 +124,10 @@ func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, e
 // On a handle shared by goroutines, Unlock releases the hold the handle has when
 // the call reaches the engine: if that hold is lost before the release runs, or
 // the handle holds nothing then, Unlock returns ErrNotHeld (ErrLockLost), and a
-// hold another goroutine of the handle takes meanwhile is left alone.
+// hold another goroutine of the handle takes meanwhile is left alone. A hold that
+// another goroutine of the handle took before the call arrived is the one it
+// releases: the handle cannot tell its goroutines apart (see the README's
+// "Ownership is the handle").
 func (m *Mutex) Unlock(ctx context.Context) error {
 	if err := m.c.check(ctx, m.name); err != nil {
 		return err
