@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"time"
 
 	"github.com/leash-go/leash/futures"
@@ -426,7 +427,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 		// another case, then cancelled): keep watching its context until the hold
 		// ends, and take the grant back if it is still unreceived then.
 		m.pruneReceipts(h)
-		r := &receipt{id: w.id, future: w.future, stop: w.stop, hold: h.id}
+		r := &receipt{id: w.id, future: w.future, stop: w.stop, hold: h.id, ctx: w.ctx}
 		m.receipts[r.id] = r
 		h.receipts = append(h.receipts, r.id)
 	}
@@ -582,15 +583,36 @@ func (m *machine) onCancel(msg cancelMsg, now time.Time) {
 	if m.cancelParked(msg) {
 		return
 	}
-	r := m.receipts[msg.id]
-	if r == nil {
-		return
+	if r := m.receipts[msg.id]; r != nil {
+		m.takeBack(r, msg.err)
 	}
-	delete(m.receipts, msg.id)
+}
+
+// takeBack takes back r's grant if its caller has not received it: the caller's
+// context ended with err.
+func (m *machine) takeBack(r *receipt, err error) {
+	delete(m.receipts, r.id)
 	h := m.holdByID[r.hold]
-	if _, revoked := r.future.Revoke(msg.err); revoked && h != nil {
+	if _, revoked := r.future.Revoke(err); revoked && h != nil {
 		m.stats.Revoked++
 		m.releaseOne(h, true)
+	}
+}
+
+// takeBackWalkedAway takes back, now, the grants to the owner's hold on l that
+// their callers have not received and whose contexts have ended: the caller of
+// Acquire that took its context's end instead has returned, and a HoldCount after
+// it must not count that grant, whose cancellation message (context.AfterFunc's
+// goroutine) may come later.
+func (m *machine) takeBackWalkedAway(l *lockState, owner uint64) {
+	h := m.holds[holdKey{l.id, owner}]
+	if h == nil {
+		return
+	}
+	for _, id := range slices.Clone(h.receipts) {
+		if r := m.receipts[id]; r != nil && r.ctx.Err() != nil {
+			m.takeBack(r, r.ctx.Err())
+		}
 	}
 }
 

@@ -59,8 +59,11 @@ type scriptCall struct {
 	releaserLost *futures.Signal
 	// firstSent: on a retry, when the first try was sent.
 	firstSent time.Time
-	unlock    *futures.Future[error]
-	force     *futures.Future[forceResult]
+	// backoff: on a fair leave sent again after transport errors, how long it
+	// waited before this send (see retryLeaveLater).
+	backoff time.Duration
+	unlock  *futures.Future[error]
+	force   *futures.Future[forceResult]
 	// relayed: on a relay's follow-up handoff, or on the owner-guarded release that
 	// replaces it, the relay whose Unlocks this call's reply answers (see relay.go).
 	relayed *relay
@@ -68,13 +71,14 @@ type scriptCall struct {
 
 // Timer kinds (timer.Key.Kind).
 const (
-	kindRetry     uint8 = iota + 1 // a lock's head waiter retries (TTL deadline, backoff)
-	kindWait                       // a waiter's wait ran out
-	kindExpiry                     // a hold's lease may run out: close its Lost
-	kindSweep                      // the watchdog's renewal sweep
-	kindLinger                     // an idle lock's subscription may be dropped
-	kindFairRetry                  // a fair-lock waiter retries (the one ahead may have timed out)
-	kindForget                     // idle lock states are dropped (see locks.go)
+	kindRetry      uint8 = iota + 1 // a lock's head waiter retries (TTL deadline, backoff)
+	kindWait                        // a waiter's wait ran out
+	kindExpiry                      // a hold's lease may run out: close its Lost
+	kindSweep                       // the watchdog's renewal sweep
+	kindLinger                      // an idle lock's subscription may be dropped
+	kindFairRetry                   // a fair-lock waiter retries (the one ahead may have timed out)
+	kindForget                      // idle lock states are dropped (see locks.go)
+	kindLeaveRetry                  // a fair leave that failed is sent again (see retryLeaveLater)
 )
 
 // timerOp arms (d >= 0) or cancels (cancel) one timer entry.

@@ -456,6 +456,41 @@ func (m *machine) fairLeaveOwner(l *lockState, owner uint64, field string) {
 	})
 }
 
+// retryLeaveLater sends a fair leave again after a back-off when its retry failed
+// too (a transport error twice), and reports whether it will. A leave that never
+// runs leaves its waiter's entry in the Redis queue, where, once it heads the
+// queue, it keeps every waiter of every process out until its deadline passes
+// (the wait allowance: five minutes by default). So a leave is sent until it
+// runs, or the client closes; meanwhile the owner counts as leaving, so its next
+// attempt, which would take the same entry, waits.
+func (m *machine) retryLeaveLater(d scriptDone) bool {
+	l := m.lockByID[d.call.lock]
+	if d.call.purpose != purposeLeave || d.err == nil || isRedisError(d.err) || m.closing || l == nil {
+		return false
+	}
+	call := d.call
+	call.retried = true // each send is tried once: the back-off spaces them
+	call.backoff = min(max(2*call.backoff, minBackoff), maxBackoff)
+	m.leaveRetrySeq++
+	m.leaveRetries[m.leaveRetrySeq] = call
+	l.inflight++ // the lock's state stays live while the leave is pending
+	m.schedule(timer.Key{Kind: kindLeaveRetry, ID: m.leaveRetrySeq}, call.backoff)
+	return true
+}
+
+// onLeaveRetry sends a leave that retryLeaveLater put off.
+func (m *machine) onLeaveRetry(id uint64) {
+	call, ok := m.leaveRetries[id]
+	if !ok {
+		return
+	}
+	delete(m.leaveRetries, id)
+	if l := m.lockByID[call.lock]; l != nil {
+		l.inflight-- // run counts it again
+	}
+	m.run(call)
+}
+
 // onLeaveDone: the owner's leave has run, so its next attempt may start.
 func (m *machine) onLeaveDone(d scriptDone, now time.Time) {
 	l := m.lockByID[d.call.lock]

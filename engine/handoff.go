@@ -439,13 +439,15 @@ func (m *machine) sendWaitingCleanups(lock, receiver uint64) {
 	}
 }
 
-// runCleanup sends a cleanup that waited for an early handoff. Its lock's state
-// is live: the handoff's call kept it so until its reply, which is now.
+// runCleanup sends a cleanup that waited (parkCleanup): for an early handoff's
+// reply, or for the owner's call in flight. Its lock's state is live: the parked
+// cleanup kept it so (cleanupsWaiting).
 func (m *machine) runCleanup(c abandonMsg) {
 	l := m.lockByID[c.lock]
 	if l == nil {
 		return
 	}
+	l.cleanupsWaiting--
 	if h := m.holds[holdKey{l.id, c.owner}]; c.afterLoss && h != nil && h.field == c.field {
 		// The call it waited for took the lost hold's field again (see
 		// releaseLost): releasing it would end that hold.

@@ -131,10 +131,21 @@ func (m *machine) loseHold(h *hold, release bool) {
 func (m *machine) releaseLost(h *hold) {
 	c := abandonMsg{lock: h.lock.id, owner: h.owner, field: h.field, afterLoss: true}
 	if k := (holdKey{h.lock.id, h.owner}); m.ownerBusy(k) && !m.serial[k].early {
-		m.deferCall(k, c)
+		m.parkCleanup(h.lock, c)
 		return
 	}
 	m.cleanUp(h.lock, c)
+}
+
+// parkCleanup parks owner-guarded release c behind its owner's call in flight, to
+// run when the owner is idle (markIdle) or, behind an early handoff, at its reply
+// (sendWaitingCleanups); either way through runCleanup. The lock's state stays
+// live until then (cleanupsWaiting): Close, for one, forgets a lock's state as soon
+// as nothing else refers to it.
+func (m *machine) parkCleanup(l *lockState, c abandonMsg) {
+	q := m.serial[holdKey{l.id, c.owner}]
+	q.pending = append(q.pending, c)
+	l.cleanupsWaiting++
 }
 
 // pruneReceipts stops watching grants of h that have been received (a received
@@ -206,7 +217,7 @@ func (m *machine) releaseOne(h *hold, afterCalls bool) {
 	h.count--
 	c := abandonMsg{lock: h.lock.id, owner: h.owner, field: h.field, drop: 1, keepHeld: true}
 	if k := (holdKey{h.lock.id, h.owner}); afterCalls && m.ownerBusy(k) {
-		m.deferCall(k, c)
+		m.parkCleanup(h.lock, c)
 	} else {
 		m.cleanUp(h.lock, c)
 	}
@@ -231,7 +242,7 @@ func (m *machine) abandon(l *lockState, owner uint64, field string, drop int) {
 // cleanUp runs the owner-guarded release c describes (see abandon).
 func (m *machine) cleanUp(l *lockState, c abandonMsg) {
 	if q := m.serial[holdKey{l.id, c.owner}]; q != nil && q.busy > 0 && q.early {
-		q.pending = append(q.pending, c)
+		m.parkCleanup(l, c)
 		return
 	}
 	keys := []string{l.name, l.channel}

@@ -52,7 +52,7 @@ func (m *machine) lockFor(name string, fair bool) *lockState {
 // subscription, nor a channel a failed Subscribe left with the registry (subLeft).
 func unused(l *lockState) bool {
 	return l.queue.len == 0 && len(l.holders) == 0 && l.attempting == nil && l.inflight == 0 && l.sub == subNone &&
-		!l.subLeft
+		!l.subLeft && l.cleanupsWaiting == 0
 }
 
 // maybeForget marks a lock's state idle once nothing refers to it (see idleKeep).

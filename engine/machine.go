@@ -59,6 +59,8 @@ type machine struct {
 	afterGiveBacks map[holdKey][]parkedMsg // requests waiting for the owner's give-backs
 	parkedAcquires map[uint64]holdKey      // direct acquires parked in either place, by waiter id (see parkAcquire)
 	holdByID       map[uint64]*hold
+	leaveRetries   map[uint64]scriptCall // fair leaves waiting to be sent again, by timer id (see retryLeaveLater)
+	leaveRetrySeq  uint64
 
 	nextID        uint64 // ids of locks and holds
 	watchdogHolds int    // holds renewed by the watchdog
@@ -97,6 +99,7 @@ func newMachine(cfg config) *machine {
 		afterGiveBacks: make(map[holdKey][]parkedMsg),
 		parkedAcquires: make(map[uint64]holdKey),
 		holdByID:       make(map[uint64]*hold),
+		leaveRetries:   make(map[uint64]scriptCall),
 		watchdogText:   millis(cfg.watchdog),
 		grantChannel:   "leash_lock_grant:" + cfg.clientID,
 		claimedGrants:  make(map[uint64]struct{}),
@@ -198,6 +201,9 @@ type lockState struct {
 	// so a waiting lock costs no Redis calls.
 	parked   bool
 	inflight int // script calls in flight that name this lock
+	// cleanupsWaiting counts owner-guarded releases of this lock parked behind an
+	// owner's call in flight (parkCleanup): they need the state when they run.
+	cleanupsWaiting int
 	// leaving counts fair_leave calls in flight per owner (fair locks only).
 	leaving map[uint64]int
 	// joining counts a fair lock's first attempts in flight: local waiters joining
@@ -346,6 +352,8 @@ func (m *machine) onTimer(key timer.Key, now time.Time) {
 		m.onSweep(now)
 	case kindForget:
 		m.onForget(now)
+	case kindLeaveRetry:
+		m.onLeaveRetry(key.ID)
 	case kindLinger:
 		l := m.lockByID[key.ID]
 		if l == nil || l.lingerGen != key.Gen {
@@ -366,7 +374,7 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	switch {
 	case d.call.purpose == purposeUnlock, d.call.purpose == purposeAbandon, d.call.purpose == purposeLeave,
 		d.call.early:
-		if m.retryOnce(d) {
+		if m.retryOnce(d) || m.retryLeaveLater(d) {
 			return // still in flight: the owner (and an early grant's receiver) stays busy
 		}
 	}
@@ -508,4 +516,8 @@ func (m *machine) onClose() {
 	}
 	m.sweepArmed = false
 	m.cancelTimer(timer.Key{Kind: kindSweep})
+	for id := range m.leaveRetries {
+		m.cancelTimer(timer.Key{Kind: kindLeaveRetry, ID: id})
+		m.onLeaveRetry(id) // once more now; Close waits for it
+	}
 }

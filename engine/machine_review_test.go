@@ -293,3 +293,75 @@ func TestMachineQueuedAttemptSerializedWithTry(t *testing.T) {
 		t.Fatalf("hold %+v, want count 2", hd)
 	}
 }
+
+// A fair leave whose retry fails too is sent again after a back-off until it runs:
+// its waiter's entry, left in the Redis queue, would keep every process out once
+// it heads the queue, for the whole wait allowance (found by a storm that kills
+// connections: the queue's keys outlived it). Meanwhile the owner counts as
+// leaving, and its give-back as in flight.
+func TestMachineFairLeaveRetriedUntilItRuns(t *testing.T) {
+	h := newMH(t)
+	w := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // queued in Redis
+	h.take()
+	h.cancelCtx(w)
+	leave := h.take().one(t, scripts.FairLeave)
+	h.reply(leave, scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.FairLeave), scripts.Reply{}, errConn) // retryOnce's
+	settled := h.settle("L", 1)
+	for try := range 3 {
+		s := h.take()
+		if len(s.scripts) != 0 {
+			t.Fatalf("try %d: sent again at once, want after a back-off: %v", try, s)
+		}
+		armed := s.armed(kindLeaveRetry)
+		if len(armed) != 1 || armed[0].d < minBackoff {
+			t.Fatalf("try %d: want one leave retry armed after a back-off: %v", try, s)
+		}
+		mustPending(t, "settle while the leave is pending", settled)
+		if h.lock("L").leaving[1] == 0 {
+			t.Fatal("the owner stopped counting as leaving before its leave ran")
+		}
+		h.fire(armed[0].key)
+		again := h.take().one(t, scripts.FairLeave)
+		if try < 2 {
+			h.reply(again, scripts.Reply{}, errConn)
+			continue
+		}
+		h.reply(again, replyInt(2), nil)
+		mustGranted(t, "settle after the leave ran", settled)
+	}
+	if len(h.m.leaveRetries) != 0 || h.lock("L").leaving[1] != 0 {
+		t.Fatalf("leave retries %v, leaving %v after the leave ran", h.m.leaveRetries, h.lock("L").leaving)
+	}
+}
+
+// A caller of Acquire that took its context's end instead of the grant has
+// returned; the grant is taken back when the engine hears of that end, which
+// context.AfterFunc's goroutine may post after the handle's next calls. HoldCount
+// (Settle) takes such grants back itself, so it does not count them (a shared
+// handle's HoldCount read 3 with two goroutines, 1 run in 9).
+func TestMachineSettleTakesBackWalkedAwayGrant(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	re := h.acquire("L", 1, 0, -1) // an Acquire's re-entry
+	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+	h.take()
+	if hd := h.hold("L", 1); hd.count != 2 {
+		t.Fatalf("setup: count %d, want 2", hd.count)
+	}
+	re.cancel() // the caller walks away; its cancelMsg has not come yet
+	settled := h.settle("L", 1)
+	gb := h.take().one(t, scripts.LockReleaseOwner)
+	if hd := h.hold("L", 1); hd.count != 1 {
+		t.Fatalf("count %d after the take-back, want 1", hd.count)
+	}
+	mustPending(t, "settle behind the take-back", settled)
+	h.reply(gb, replyInt(0), nil)
+	mustGranted(t, "settle", settled)
+	h.m.handle(cancelMsg{id: re.id, err: re.ctx.Err()}, h.now) // late: nothing left to take back
+	h.take().none(t)
+	if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
+		t.Fatalf("hold %+v after the late cancel, want count 1", hd)
+	}
+}

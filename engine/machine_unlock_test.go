@@ -618,3 +618,26 @@ func TestMachineUnlockBoundToItsHold(t *testing.T) {
 		}
 	})
 }
+
+// Close loses every hold, and a lost hold's field is released owner-guarded once
+// the owner's call in flight is answered (releaseLost). The lock's state must stay
+// until then: Close forgets a state as soon as nothing refers to it, and the
+// parked release, finding no state, was dropped, so the lock stayed held by the
+// closed client until its lease ran out (a storm closing a client mid-run, 1 run
+// in 4).
+func TestMachineCloseReleasesAfterOwnersCall(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	h.grantFresh("L", 1, 0) // count 2
+	c, f := h.unlockCall(t, "L", 1, scripts.LockRelease)
+	h.m.handle(closeMsg{}, h.now)
+	if s := h.take(); len(s.calls(scripts.LockReleaseOwner)) != 0 {
+		t.Fatalf("the lost hold's release went while the owner's Unlock was in flight: %v", s)
+	}
+	h.reply(c, replyInt(0), nil) // one count less; the other is Close's to release
+	mustGet(t, "unlock", f)
+	rel := h.take().one(t, scripts.LockReleaseOwner)
+	if rel.args[1] != "cid:1" || rel.args[2] != "0" {
+		t.Fatalf("release args %q, want all of cid:1", rel.args)
+	}
+}

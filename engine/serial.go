@@ -104,6 +104,7 @@ func (m *machine) onSettle(msg settleMsg) {
 		return
 	}
 	k := holdKey{l.id, msg.owner}
+	m.takeBackWalkedAway(l, msg.owner)
 	if m.ownerBusy(k) {
 		m.deferCall(k, msg)
 		return

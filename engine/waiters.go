@@ -135,4 +135,5 @@ type receipt struct {
 	future *futures.Future[error]
 	stop   func() bool
 	hold   uint64
+	ctx    context.Context // the caller's: ended, it walks away (see takeBackWalkedAway)
 }
