@@ -411,11 +411,7 @@ func (m *machine) grant(w *waiter, sentAt, now time.Time) {
 			w.stop()
 		}
 		w.future.Complete(WrapError(l.name, err))
-		if h.maySurplus && h.count == 1 {
-			m.dropSurplus(h) // its possible surplus count goes too
-		} else {
-			m.releaseOne(h, false)
-		}
+		m.releaseOne(h, false)
 		if l.queue.len == 0 {
 			m.queueEmptied(l)
 		}

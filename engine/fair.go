@@ -488,6 +488,10 @@ func (m *machine) onLeaveRetry(id uint64) {
 	if l := m.lockByID[call.lock]; l != nil {
 		l.inflight-- // run counts it again
 	}
+	// fair_leave's ARGV[4] is now on this client's clock: the deadlines it sets
+	// and purges by must not be an outage old.
+	call.args = slices.Clone(call.args)
+	call.args[3] = wallMillis(m.now)
 	m.run(call)
 }
 

@@ -216,6 +216,11 @@ func (m *machine) dropSurplus(h *hold) {
 func (m *machine) releaseOne(h *hold, afterCalls bool) {
 	h.count--
 	c := abandonMsg{lock: h.lock.id, owner: h.owner, field: h.field, drop: 1, keepHeld: true}
+	if h.count <= 0 && h.maySurplus {
+		// Its last count: a surplus count the server may hold goes too (see
+		// dropSurplus), or it would keep the lock for nobody until its lease ends.
+		c.drop, c.keepHeld = 0, false
+	}
 	if k := (holdKey{h.lock.id, h.owner}); afterCalls && m.ownerBusy(k) {
 		m.parkCleanup(h.lock, c)
 	} else {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/leash-go/leash/futures"
 	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
 )
 
 // One owner's calls run one at a time, so their replies cannot be handled in
@@ -363,5 +364,48 @@ func TestMachineSettleTakesBackWalkedAwayGrant(t *testing.T) {
 	h.take().none(t)
 	if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
 		t.Fatalf("hold %+v after the late cancel, want count 1", hd)
+	}
+}
+
+// A hold that may have a surplus count on the server gives back its last count
+// whole: a one-count release would leave the surplus holding the lock for nobody
+// until its lease ran out.
+func TestMachineTakeBackOfMaybeSurplusHoldReleasesAll(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, time.Second)
+	re := h.acquire("L", 1, 0, -1) // an Acquire's re-entry
+	att := h.take().one(t, scripts.LockAcquire)
+	h.now = h.now.Add(2 * time.Second)
+	h.fire(timer.Key{Kind: kindExpiry, ID: h.hold("L", 1).id}) // lost while the re-entry is in flight
+	h.take()
+	h.reply(att, replyNil, nil) // the re-entry took the field again: maybe counted twice
+	h.take()
+	if hd := h.hold("L", 1); hd == nil || !hd.maySurplus {
+		t.Fatalf("setup: hold %+v, want maySurplus", hd)
+	}
+	h.cancelCtx(re) // walks away: the grant goes back
+	gb := h.take().one(t, scripts.LockReleaseOwner)
+	if gb.args[2] != "0" || len(gb.args) != 3 {
+		t.Fatalf("give-back args %q, want the whole field (drop 0, no bound)", gb.args)
+	}
+}
+
+// A fair leave sent again after a back-off carries the time of its sending: the
+// deadlines fair_leave sets and purges by must not be as old as the outage.
+func TestMachineFairLeaveRetryIsDatedAfresh(t *testing.T) {
+	h := newMH(t)
+	w := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+	h.take()
+	h.cancelCtx(w)
+	first := h.take().one(t, scripts.FairLeave)
+	h.reply(first, scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.FairLeave), scripts.Reply{}, errConn)
+	op := h.take().armed(kindLeaveRetry)[0]
+	h.now = h.now.Add(time.Minute)
+	h.fire(op.key)
+	again := h.take().one(t, scripts.FairLeave)
+	if want := wallMillis(h.now); again.args[3] != want || first.args[3] == want {
+		t.Fatalf("re-sent leave's now %s (first %s), want %s", again.args[3], first.args[3], want)
 	}
 }
