@@ -644,3 +644,34 @@ func TestFaultStormKillSharedHandles(t *testing.T) {
 		faults: stormFaults{killNormal: true}, faultEvery: 30 * time.Millisecond,
 		opts: lockapi.Options{WatchdogTimeout: 2 * time.Second, OpTimeout: 2 * time.Second}})
 }
+
+// TestFaultStorm runs runStorm under one kind of fault at a time, for both lock
+// kinds, private and shared handles, and a client closed mid-storm.
+//
+// Not parallel, as TestFaultStormScriptFlush.
+func TestFaultStorm(t *testing.T) {
+	faultOpts := lockapi.Options{WatchdogTimeout: 2 * time.Second, OpTimeout: 2 * time.Second}
+	for _, tc := range []struct {
+		name string
+		cfg  stormConfig
+	}{
+		{"clean-fair", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, checkHoldCount: true, fair: true}},
+		{"killpubsub-fair", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, fair: true,
+			faults: stormFaults{killPubSub: true}, faultEvery: 20 * time.Millisecond}},
+		{"killnormal-shared-fair", stormConfig{clients: 3, locks: 4, goroutines: 36, dur: 2 * time.Second, shared: true, fair: true,
+			faults: stormFaults{killNormal: true}, faultEvery: 30 * time.Millisecond, opts: faultOpts}},
+		{"close-killpubsub", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, closeOne: true,
+			faults: stormFaults{killPubSub: true}, faultEvery: 20 * time.Millisecond,
+			opts: lockapi.Options{CloseTimeout: 2 * time.Second}}},
+		{"restart", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 2 * time.Second,
+			faults: stormFaults{restart: true}, faultEvery: 700 * time.Millisecond,
+			opts: lockapi.Options{WatchdogTimeout: time.Second, OpTimeout: time.Second}}},
+		{"pause", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 2 * time.Second,
+			faults: stormFaults{pause: true}, faultEvery: 100 * time.Millisecond,
+			opts: lockapi.Options{WatchdogTimeout: time.Second, OpTimeout: time.Second}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			runStorm(t, tc.cfg)
+		})
+	}
+}
