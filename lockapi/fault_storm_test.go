@@ -645,17 +645,37 @@ func TestFaultStormKillSharedHandles(t *testing.T) {
 		opts: lockapi.Options{WatchdogTimeout: 2 * time.Second, OpTimeout: 2 * time.Second}})
 }
 
-// TestFaultStorm runs runStorm under one kind of fault at a time, for both lock
-// kinds, private and shared handles, and a client closed mid-storm.
+// TestFaultStorm runs runStorm under one kind of fault at a time, and none, for
+// both lock kinds, private and shared handles, many locks, and a client closed
+// mid-storm.
 //
-// Not parallel, as TestFaultStormScriptFlush.
+// Not parallel, as TestFaultStormScriptFlush: about 45 s.
 func TestFaultStorm(t *testing.T) {
 	faultOpts := lockapi.Options{WatchdogTimeout: 2 * time.Second, OpTimeout: 2 * time.Second}
 	for _, tc := range []struct {
 		name string
 		cfg  stormConfig
 	}{
+		{"clean", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 2 * time.Second, checkHoldCount: true}},
+		{"clean-shared", stormConfig{clients: 2, locks: 4, goroutines: 32, shared: true, dur: 2 * time.Second}},
 		{"clean-fair", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, checkHoldCount: true, fair: true}},
+		{"clean-shared-fair", stormConfig{clients: 2, locks: 4, goroutines: 32, shared: true, dur: 2 * time.Second, fair: true}},
+		{"big", stormConfig{clients: 1, locks: 32, goroutines: 256, dur: 2 * time.Second, checkHoldCount: true}},
+		{"killnormal", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 2 * time.Second,
+			faults: stormFaults{killNormal: true}, faultEvery: 50 * time.Millisecond, opts: faultOpts}},
+		{"killnormal-3clients", stormConfig{clients: 3, locks: 6, goroutines: 48, dur: 2 * time.Second,
+			faults: stormFaults{killNormal: true}, faultEvery: 30 * time.Millisecond, opts: faultOpts}},
+		{"killpubsub", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 2 * time.Second,
+			faults: stormFaults{killPubSub: true}, faultEvery: 20 * time.Millisecond}},
+		{"flush-rare", stormConfig{clients: 2, locks: 6, goroutines: 48, dur: 2 * time.Second,
+			faults: stormFaults{scriptFlush: true, fixed: true}, faultEvery: 100 * time.Millisecond, checkHoldCount: true}},
+		{"big-flush-every-250ms", stormConfig{clients: 2, locks: 32, goroutines: 256, dur: 2 * time.Second, checkHoldCount: true,
+			faults: stormFaults{scriptFlush: true, fixed: true}, faultEvery: 250 * time.Millisecond}},
+		{"close-clean", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, closeOne: true,
+			opts: lockapi.Options{CloseTimeout: 2 * time.Second}}},
+		{"close-flush-rare", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, closeOne: true,
+			faults: stormFaults{scriptFlush: true, fixed: true}, faultEvery: 150 * time.Millisecond,
+			opts: lockapi.Options{CloseTimeout: 2 * time.Second}}},
 		{"killpubsub-fair", stormConfig{clients: 2, locks: 4, goroutines: 32, dur: 2 * time.Second, fair: true,
 			faults: stormFaults{killPubSub: true}, faultEvery: 20 * time.Millisecond}},
 		{"killnormal-shared-fair", stormConfig{clients: 3, locks: 4, goroutines: 36, dur: 2 * time.Second, shared: true, fair: true,
