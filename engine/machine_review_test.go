@@ -302,13 +302,7 @@ func TestMachineQueuedAttemptSerializedWithTry(t *testing.T) {
 // leaving, and its give-back as in flight.
 func TestMachineFairLeaveRetriedUntilItRuns(t *testing.T) {
 	h := newMH(t)
-	w := h.acquireFair("L", 1)
-	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // queued in Redis
-	h.take()
-	h.cancelCtx(w)
-	leave := h.take().one(t, scripts.FairLeave)
-	h.reply(leave, scripts.Reply{}, errConn)
-	h.reply(h.take().one(t, scripts.FairLeave), scripts.Reply{}, errConn) // retryOnce's
+	h.fairLeaveFailedTwice(t, "L", 1)
 	settled := h.settle("L", 1)
 	for try := range 3 {
 		s := h.take()
@@ -394,13 +388,7 @@ func TestMachineTakeBackOfMaybeSurplusHoldReleasesAll(t *testing.T) {
 // deadlines fair_leave sets and purges by must not be as old as the outage.
 func TestMachineFairLeaveRetryIsDatedAfresh(t *testing.T) {
 	h := newMH(t)
-	w := h.acquireFair("L", 1)
-	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
-	h.take()
-	h.cancelCtx(w)
-	first := h.take().one(t, scripts.FairLeave)
-	h.reply(first, scripts.Reply{}, errConn)
-	h.reply(h.take().one(t, scripts.FairLeave), scripts.Reply{}, errConn)
+	first := h.fairLeaveFailedTwice(t, "L", 1)
 	op := h.take().armed(kindLeaveRetry)[0]
 	h.now = h.now.Add(time.Minute)
 	h.fire(op.key)
@@ -408,4 +396,19 @@ func TestMachineFairLeaveRetryIsDatedAfresh(t *testing.T) {
 	if want := wallMillis(h.now); again.args[3] != want || first.args[3] == want {
 		t.Fatalf("re-sent leave's now %s (first %s), want %s", again.args[3], first.args[3], want)
 	}
+}
+
+// fairLeaveFailedTwice queues a fair waiter of owner in Redis, has it give up,
+// and fails its leave and the leave's one retry with a transport error. It
+// returns the first leave; the step after the retry's reply is not consumed.
+func (h *mh) fairLeaveFailedTwice(t *testing.T, lock string, owner uint64) scriptCall {
+	t.Helper()
+	w := h.acquireFair(lock, owner)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // queued in Redis
+	h.take()
+	h.cancelCtx(w)
+	first := h.take().one(t, scripts.FairLeave)
+	h.reply(first, scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.FairLeave), scripts.Reply{}, errConn) // retryOnce's
+	return first
 }
