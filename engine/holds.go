@@ -43,9 +43,12 @@ type hold struct {
 	// expiryArmed: its expiry entry is in the wheel. A watchdog hold gets one at
 	// the first sweep after its grant, not at the grant (see onSweep).
 	expiryArmed bool
-	// maySurplus: it was granted to a waiter whose earlier attempt's reply was
-	// lost, so the server may count one more than the engine (see dropSurplus).
-	// Its handoffs then may not hand over, so they grant nobody early.
+	// maySurplus: the server may count more than the engine (see dropSurplus):
+	// a reply was lost of an acquire that may have counted on it (the grant's
+	// earlier attempt, a re-entry given up) or of a one-count give-back, or a
+	// call took a lost hold's field again (runCleanup). Its handoffs then may
+	// not hand over, so they grant nobody early, and its last count given back
+	// releases the field whole (releaseOne).
 	maySurplus bool
 
 	lost     *futures.Signal // made when first asked for (see onLost); nil until then
