@@ -1,7 +1,11 @@
 // Package engine owns all lock state of a leash client: per-lock waiter queues, the
 // acquire attempt in flight, held locks and their watchdog renewals. Every mutation
-// of that state happens on one goroutine and nowhere else, so there is no mutex
-// around it.
+// of that state happens under one mutex, held by the engine goroutine (the loop)
+// for each round of messages, and by nobody across I/O. The one exception to
+// "the loop steps the machine": a Lock (or an Unlock whose context can never end)
+// made while the loop is idle steps the machine on its own goroutine, runs its one
+// script call there and steps the reply too (Engine.tryDirect), so that an
+// uncontended lock costs its round trips and no goroutine hand-off.
 //
 // The package is split the way etcd's raft splits node.go from rawnode.go:
 //

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -183,9 +184,47 @@ func TestEngineMutualExclusion(t *testing.T) {
 // AcquireWait, all get their locks, never two holders of one at once, and nothing
 // is left held.
 func TestEngineBatchedCalls(t *testing.T) {
-	const goroutines, rounds = 60, 20
 	r := &batchMem{memRedis: newMemRedis()}
-	h := newEngine(t, r)
+	testBatchedCalls(t, r, r)
+}
+
+// The same with a runner that also has a lone lane, as scripts.Redis does: callers
+// that find the engine idle run their own calls on it (tryDirect), the engine's
+// lone batches use it too, and never two calls at once.
+func TestEngineBatchedCallsWithLoneLane(t *testing.T) {
+	r := &loneBatchMem{batchMem: &batchMem{memRedis: newMemRedis()}}
+	testBatchedCalls(t, r, r.batchMem)
+	if n := r.overlaps.Load(); n != 0 {
+		t.Errorf("%d lone calls overlapped another", n)
+	}
+	if r.lone.Load() == 0 {
+		t.Error("no call took the lone lane")
+	}
+	t.Logf("%d lone calls", r.lone.Load())
+}
+
+// loneBatchMem is batchMem with a lone lane that counts its calls and any two that
+// overlap (the engine promises they never do).
+type loneBatchMem struct {
+	*batchMem
+	lone, inLone, overlaps atomic.Int64
+}
+
+var _ scripts.LoneRunner = (*loneBatchMem)(nil)
+
+func (r *loneBatchMem) RunLone(ctx context.Context, id scripts.ID, keys, args []string) (scripts.Reply, error) {
+	r.lone.Add(1)
+	if r.inLone.Add(1) > 1 {
+		r.overlaps.Add(1)
+	}
+	defer r.inLone.Add(-1)
+	runtime.Gosched() // a call takes a while: let others try to overlap it
+	return r.Run(ctx, id, keys, args)
+}
+
+func testBatchedCalls(t *testing.T, runner scripts.Runner, r *batchMem) {
+	const goroutines, rounds = 60, 20
+	h := newEngine(t, runner)
 	r.publish = h.sub.deliver
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()

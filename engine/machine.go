@@ -39,8 +39,9 @@ const (
 	renewBatch = 100
 )
 
-// machine is the engine's pure state machine: every method runs on the loop
-// goroutine, takes the time as an argument, blocks on nothing, and appends effects.
+// machine is the engine's pure state machine: every method runs under the
+// engine's mutex (on the loop goroutine, or a caller's: see Engine.tryDirect),
+// takes the time as an argument, blocks on nothing, and appends effects.
 type machine struct {
 	watchdogText string // millis(cfg.watchdog), for every script call of a watchdog hold
 	cfg          config

@@ -85,10 +85,16 @@ func advLockOnce(m *lockapi.Mutex) (held bool, how string, err error) {
 		err = m.Lock(ctx)
 		return err == nil, "Lock", err
 	case r < 6:
-		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		// Half of them with a context that never ends: such a caller runs its
+		// call itself when the engine is idle (the engine's direct lane).
+		ctx, cancel, how := context.Context(context.Background()), context.CancelFunc(func() {}), "TryLock-bg"
+		if rand.IntN(2) == 0 {
+			ctx, cancel = context.WithTimeout(context.Background(), 20*time.Second)
+			how = "TryLock"
+		}
 		defer cancel()
 		ok, err := m.TryLock(ctx, time.Duration(rand.IntN(3000))*time.Microsecond, 0)
-		return ok, "TryLock", err
+		return ok, how, err
 	case r < 8:
 		// Acquire and walk away if the context ends first: the grant is taken back.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rand.IntN(4000))*time.Microsecond)
@@ -192,7 +198,7 @@ func testAdvSharedStorm(t *testing.T, nclients int) {
 						}
 						acquired.Add(1)
 						tr.exit(hid)
-						uctx, ucancel := context.WithTimeout(context.Background(), 20*time.Second)
+						uctx, ucancel := unlockCtx()
 						t2 := time.Now()
 						err = m.Unlock(uctx)
 						ucancel()
@@ -223,6 +229,15 @@ func testAdvSharedStorm(t *testing.T, nclients int) {
 }
 
 var advMask = "" // e.g. "0123" keeps only those op classes (for narrowing a failure down)
+
+// unlockCtx returns the context of a storm's Unlock: half of the time one that
+// never ends (the engine's direct lane), else one bounded by 25 s.
+func unlockCtx() (context.Context, context.CancelFunc) {
+	if rand.IntN(2) == 0 {
+		return context.Background(), func() {}
+	}
+	return context.WithTimeout(context.Background(), 25*time.Second)
+}
 
 func advPick() int {
 	for {

@@ -429,7 +429,7 @@ func runStorm(t *testing.T, cfg stormConfig) {
 				}
 				tr.exit(li, m, in)
 				for range depth {
-					uctx, ucancel := context.WithTimeout(context.Background(), 25*time.Second)
+					uctx, ucancel := unlockCtx()
 					t1 := time.Now()
 					err := m.Unlock(uctx)
 					ucancel()

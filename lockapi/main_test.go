@@ -43,7 +43,7 @@ func eventually(t *testing.T, timeout time.Duration, what string, cond func() bo
 
 // lockName returns a key name unique to the test (and to tag, when a test needs
 // several locks).
-func lockName(t *testing.T, tag string) string {
+func lockName(t testing.TB, tag string) string {
 	name := "leash-test:" + strings.NewReplacer("/", ":", " ", "_").Replace(t.Name())
 	if tag != "" {
 		name += ":" + tag

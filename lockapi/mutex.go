@@ -78,7 +78,8 @@ func failed(err error) <-chan error {
 // once that call is answered (within OpTimeout), so that a grant it made is never
 // left held by nobody; with a stalled server that is later than ctx's end. Lock
 // registers nothing on ctx (see engine.AcquireWait), which makes it cheaper than
-// receiving from Acquire.
+// receiving from Acquire; and when the client's engine is idle, Lock runs its
+// script call on the calling goroutine, with no goroutine hand-off at all.
 func (m *Mutex) Lock(ctx context.Context, opts ...AcquireOption) error {
 	req, err := m.request(ctx, opts)
 	if err != nil {
@@ -119,7 +120,9 @@ func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, e
 //
 // The release runs under the client's own bounded context even if ctx has already
 // ended, so a dead context never leaves the lock held until its lease runs out; ctx
-// only bounds how long Unlock waits for the answer.
+// only bounds how long Unlock waits for the answer. Under a context that can never
+// end (context.Background()), Unlock may run the release on the calling goroutine
+// when the client's engine is idle, sparing it two goroutine hand-offs.
 //
 // On a handle shared by goroutines, Unlock releases the hold the handle has when
 // the call reaches the engine: if that hold is lost before the release runs, or

@@ -1,0 +1,221 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/leash-go/leash/internal/scripts"
+)
+
+// The direct lane (tryDirect): a Lock, or an Unlock whose context can never end,
+// runs its request, its script call and the reply's step on its own goroutine when
+// the engine is idle.
+
+// loneManual is a manualRunner with a lone lane, recording for every call whether
+// it came through RunLone and the stack of the goroutine that made it.
+type loneManual struct {
+	*manualRunner
+	mu    sync.Mutex
+	calls []madeCall
+}
+
+type madeCall struct {
+	lone  bool
+	stack string
+}
+
+var _ scripts.LoneRunner = (*loneManual)(nil)
+
+func (r *loneManual) record(lone bool) {
+	buf := make([]byte, 16<<10)
+	buf = buf[:runtime.Stack(buf, false)]
+	r.mu.Lock()
+	r.calls = append(r.calls, madeCall{lone: lone, stack: string(buf)})
+	r.mu.Unlock()
+}
+
+func (r *loneManual) Run(ctx context.Context, id scripts.ID, keys, args []string) (scripts.Reply, error) {
+	r.record(false)
+	return r.manualRunner.Run(ctx, id, keys, args)
+}
+
+func (r *loneManual) RunLone(ctx context.Context, id scripts.ID, keys, args []string) (scripts.Reply, error) {
+	r.record(true)
+	return r.manualRunner.Run(ctx, id, keys, args)
+}
+
+// made returns the i-th call made.
+func (r *loneManual) made(t *testing.T, i int) madeCall {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i >= len(r.calls) {
+		t.Fatalf("%d calls made, want call %d", len(r.calls), i)
+	}
+	return r.calls[i]
+}
+
+func newLoneEngine(t *testing.T) (*eh, *loneManual) {
+	r := &loneManual{manualRunner: newManualRunner()}
+	h := newEngine(t, r, shortClose, func(c *Config) { c.AbortIO = r.abort })
+	return h, r
+}
+
+// onCallersGoroutine reports whether the call was made, on the lone lane, by the
+// goroutine that called the engine's method fn ("AcquireWait", "Unlock").
+func (c madeCall) onCallersGoroutine(fn string) bool {
+	return c.lone && strings.Contains(c.stack, "(*Engine)."+fn+"(")
+}
+
+// quiesce waits until the engine has nothing queued or in flight, so that the
+// next call finds the loop idle (the direct lane is taken only then).
+func (h *eh) quiesce(t *testing.T) {
+	t.Helper()
+	e := h.e
+	eventually(t, "an idle engine", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.mail.mu.Lock()
+		mail := len(e.mail.items) + len(e.mail.signal)
+		e.mail.mu.Unlock()
+		return e.inflight == 0 && mail == 0 && len(e.inbox) == 0
+	})
+}
+
+// cycle locks and unlocks L once as owner 1 and returns the two calls it made.
+func (r *loneManual) cycle(t *testing.T, h *eh, lockCtx, unlockCtx context.Context) (attempt, release madeCall) {
+	t.Helper()
+	done := make(chan error, 1)
+	h.quiesce(t)
+	r.mu.Lock()
+	n := len(r.calls)
+	r.mu.Unlock()
+	go func() { done <- h.e.AcquireWait(lockCtx, AcquireRequest{Lock: "L", Owner: 1, Wait: -1}) }()
+	r.expect(t, scripts.LockAcquire).answer(replyNil, nil)
+	if err := recv(t, "lock", done); err != nil {
+		t.Fatalf("lock: %v", err)
+	}
+	h.quiesce(t)
+	go func() { done <- h.e.Unlock(unlockCtx, "L", 1) }()
+	r.expect(t, scripts.LockRelease).answer(replyInt(1), nil)
+	if err := recv(t, "unlock", done); err != nil {
+		t.Fatalf("unlock: %v", err)
+	}
+	return r.made(t, n), r.made(t, n+1)
+}
+
+// The lane is taken only when the engine is idle, which the test cannot hold still
+// (a stale wake-up of the loop takes the engine's mutex for a moment): each check
+// allows a few cycles to see the lane taken, and none to see it wrongly taken.
+func TestEngineDirectLaneRunsBackgroundCallsOnTheCaller(t *testing.T) {
+	h, r := newLoneEngine(t)
+	bg := context.Background()
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	const tries = 20
+
+	var lockDirect, unlockDirect bool
+	for range tries {
+		a, rel := r.cycle(t, h, bg, bg)
+		lockDirect = lockDirect || a.onCallersGoroutine("AcquireWait")
+		unlockDirect = unlockDirect || rel.onCallersGoroutine("Unlock")
+		if lockDirect && unlockDirect {
+			break
+		}
+	}
+	if !lockDirect || !unlockDirect {
+		t.Fatalf("with context.Background(), in %d cycles: an attempt on the caller's goroutine %v, a release %v; want both", tries, lockDirect, unlockDirect)
+	}
+
+	// A context that can end: the attempt is still the caller's to run (its caller
+	// waits for an attempt in flight anyway), but Unlock must stay free to return
+	// when its context ends, so its release goes to an I/O goroutine.
+	lockDirect = false
+	for range tries {
+		a, rel := r.cycle(t, h, ctx, ctx)
+		if rel.onCallersGoroutine("Unlock") {
+			t.Fatalf("an Unlock under a cancellable context ran its own release:\n%s", rel.stack)
+		}
+		if lockDirect = a.onCallersGoroutine("AcquireWait"); lockDirect {
+			break
+		}
+	}
+	if !lockDirect {
+		t.Fatalf("under a cancellable context, no attempt ran on the caller's goroutine in %d cycles", tries)
+	}
+}
+
+// A Lock whose context ends while it runs its own attempt waits for the attempt,
+// as it would through the engine goroutine, and returns the context's error; an
+// attempt that was granted meanwhile is given back, and no waiter or hold is left.
+func TestEngineDirectLaneContextEndsDuringTheAttempt(t *testing.T) {
+	h, r := newLoneEngine(t)
+	done := make(chan error, 1)
+	for _, granted := range []bool{true, false} {
+		ctx, cancel := context.WithCancel(context.Background())
+		h.quiesce(t)
+		r.mu.Lock()
+		n := len(r.calls)
+		r.mu.Unlock()
+		go func() { done <- h.e.AcquireWait(ctx, AcquireRequest{Lock: "L", Owner: 1, Wait: -1}) }()
+		c := r.expect(t, scripts.LockAcquire)
+		if m := r.made(t, n); !m.onCallersGoroutine("AcquireWait") {
+			t.Logf("granted=%v: the attempt ran elsewhere (the engine was busy): the check below covers the engine goroutine's path instead", granted)
+		}
+		cancel()
+		select {
+		case err := <-done:
+			t.Fatalf("granted=%v: Lock returned %v with its attempt still in flight", granted, err)
+		case <-time.After(50 * time.Millisecond): // the wait is the check: it must not return
+		}
+		if granted {
+			c.answer(replyNil, nil)
+		} else {
+			c.answer(replyPTTL(30*time.Second), nil)
+		}
+		if err := recv(t, "lock", done); !errors.Is(err, context.Canceled) {
+			t.Fatalf("granted=%v: Lock whose context ended during its attempt: %v, want context.Canceled", granted, err)
+		}
+		if granted {
+			r.expect(t, scripts.LockReleaseOwner).answer(replyInt(1), nil) // the grant goes back
+		}
+		eventually(t, "no waiter or hold left", func() bool {
+			s := h.stats()
+			return s.Waiters == 0 && s.Holds == 0
+		})
+	}
+}
+
+// A caller stuck in its own call when Close comes (a server that stopped
+// answering) is freed by Close's AbortIO, answered ErrClosed, and Close returns.
+func TestEngineDirectLaneCallInFlightAtClose(t *testing.T) {
+	h, r := newLoneEngine(t)
+	done := make(chan error, 1)
+	h.quiesce(t)
+	go func() {
+		done <- h.e.AcquireWait(context.Background(), AcquireRequest{Lock: "L", Owner: 1, Wait: -1})
+	}()
+	r.expect(t, scripts.LockAcquire) // never answered
+	if c := r.made(t, 0); !c.onCallersGoroutine("AcquireWait") {
+		t.Fatalf("the attempt ran elsewhere (lone %v):\n%s", c.lone, c.stack)
+	}
+	closed := make(chan struct{})
+	go func() {
+		h.e.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second): // CloseTimeout is 100 ms
+		// t.Fatal would leave the test's cleanup waiting on the same Close forever.
+		panic("Close did not return within 5s")
+	}
+	if err := recv(t, "lock", done); !errors.Is(err, ErrClosed) {
+		t.Fatalf("lock in flight at Close: %v, want ErrClosed", err)
+	}
+}
