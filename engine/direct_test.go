@@ -12,9 +12,8 @@ import (
 	"github.com/leash-go/leash/internal/scripts"
 )
 
-// The direct lane (tryDirect): a Lock, or an Unlock whose context can never end,
-// runs its request, its script call and the reply's step on its own goroutine when
-// the engine is idle.
+// The direct lane (tryDirect): a Lock or an Unlock runs its request, its script
+// call and the reply's step on its own goroutine when the engine is idle.
 
 // loneManual is a manualRunner with a lone lane, recording for every call whether
 // it came through RunLone and the stack of the goroutine that made it.
@@ -112,7 +111,7 @@ func (r *loneManual) cycle(t *testing.T, h *eh, lockCtx, unlockCtx context.Conte
 // The lane is taken only when the engine is idle, which the test cannot hold still
 // (a stale wake-up of the loop takes the engine's mutex for a moment): each check
 // allows a few cycles to see the lane taken, and none to see it wrongly taken.
-func TestEngineDirectLaneRunsBackgroundCallsOnTheCaller(t *testing.T) {
+func TestEngineDirectLaneRunsCallsOnTheCaller(t *testing.T) {
 	h, r := newLoneEngine(t)
 	bg := context.Background()
 	ctx, cancel := context.WithCancel(bg)
@@ -132,22 +131,70 @@ func TestEngineDirectLaneRunsBackgroundCallsOnTheCaller(t *testing.T) {
 		t.Fatalf("with context.Background(), in %d cycles: an attempt on the caller's goroutine %v, a release %v; want both", tries, lockDirect, unlockDirect)
 	}
 
-	// A context that can end: the attempt is still the caller's to run (its caller
-	// waits for an attempt in flight anyway), but Unlock must stay free to return
-	// when its context ends, so its release goes to an I/O goroutine.
-	lockDirect = false
+	// A context that can end: the calls are still the callers' to run (each
+	// waits for its call in flight anyway).
+	lockDirect, unlockDirect = false, false
 	for range tries {
 		a, rel := r.cycle(t, h, ctx, ctx)
-		if rel.onCallersGoroutine("Unlock") {
-			t.Fatalf("an Unlock under a cancellable context ran its own release:\n%s", rel.stack)
-		}
-		if lockDirect = a.onCallersGoroutine("AcquireWait"); lockDirect {
+		lockDirect = lockDirect || a.onCallersGoroutine("AcquireWait")
+		unlockDirect = unlockDirect || rel.onCallersGoroutine("Unlock")
+		if lockDirect && unlockDirect {
 			break
 		}
 	}
-	if !lockDirect {
-		t.Fatalf("under a cancellable context, no attempt ran on the caller's goroutine in %d cycles", tries)
+	if !lockDirect || !unlockDirect {
+		t.Fatalf("under a cancellable context, in %d cycles: an attempt on the caller's goroutine %v, a release %v; want both", tries, lockDirect, unlockDirect)
 	}
+}
+
+// An Unlock whose context ends while it runs its own release waits for the
+// release and returns its answer; one whose context had ended before it started
+// returns at once, and its release still goes ahead.
+func TestEngineDirectLaneUnlockContextEnds(t *testing.T) {
+	h, r := newLoneEngine(t)
+	done := make(chan error, 1)
+	lock := func() {
+		go func() { done <- h.e.AcquireWait(context.Background(), AcquireRequest{Lock: "L", Owner: 1, Wait: -1}) }()
+		r.expect(t, scripts.LockAcquire).answer(replyNil, nil)
+		if err := recv(t, "lock", done); err != nil {
+			t.Fatalf("lock: %v", err)
+		}
+	}
+
+	lock()
+	h.quiesce(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	r.mu.Lock()
+	n := len(r.calls)
+	r.mu.Unlock()
+	go func() { done <- h.e.Unlock(ctx, "L", 1) }()
+	c := r.expect(t, scripts.LockRelease)
+	direct := r.made(t, n).onCallersGoroutine("Unlock")
+	cancel()
+	if direct {
+		select {
+		case err := <-done:
+			t.Fatalf("Unlock returned %v with its own release still in flight", err)
+		case <-time.After(50 * time.Millisecond): // the wait is the check: it must not return
+		}
+	}
+	c.answer(replyInt(1), nil)
+	err := recv(t, "unlock", done)
+	switch {
+	case direct && err != nil:
+		t.Fatalf("Unlock whose context ended during its own release: %v, want the release's nil", err)
+	case !direct && err != nil && !errors.Is(err, context.Canceled):
+		t.Fatalf("Unlock through the loop: %v", err)
+	}
+
+	lock()
+	dead, kill := context.WithCancel(context.Background())
+	kill()
+	if err := h.e.Unlock(dead, "L", 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Unlock with a dead context: %v, want context.Canceled at once", err)
+	}
+	r.expect(t, scripts.LockRelease).answer(replyInt(1), nil) // it still goes ahead
+	eventually(t, "the hold released", func() bool { return h.stats().Holds == 0 })
 }
 
 // A Lock whose context ends while it runs its own attempt waits for the attempt,

@@ -2,10 +2,10 @@
 // acquire attempt in flight, held locks and their watchdog renewals. Every mutation
 // of that state happens under one mutex, held by the engine goroutine (the loop)
 // for each round of messages, and by nobody across I/O. The one exception to
-// "the loop steps the machine": a Lock (or an Unlock whose context can never end)
-// made while the loop is idle steps the machine on its own goroutine, runs its one
-// script call there and steps the reply too (Engine.tryDirect), so that an
-// uncontended lock costs its round trips and no goroutine hand-off.
+// "the loop steps the machine": a Lock or Unlock made while the loop is idle steps
+// the machine on its own goroutine, runs its one script call there and steps the
+// reply too (Engine.tryDirect), so that an uncontended lock costs its round trips
+// and no goroutine hand-off.
 //
 // The package is split the way etcd's raft splits node.go from rawnode.go:
 //

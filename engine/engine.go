@@ -302,20 +302,28 @@ func (e *Engine) AcquireWait(ctx context.Context, req AcquireRequest) error {
 // Unlock releases one hold of owner on lock. The release goes ahead under the
 // engine's own bounded context even if ctx is already done (a dead context must not
 // leave the lock held until its lease ends); ctx only bounds how long the caller
-// waits for the answer.
+// waits for the answer, except that a release the caller runs itself (when the
+// engine is idle: see tryDirect) is waited for, like a Lock's attempt in flight:
+// if ctx ends while it is at the server, Unlock returns its answer once it comes
+// (within the connection's timeout).
 func (e *Engine) Unlock(ctx context.Context, lock string, owner uint64) error {
 	env := new(unlockEnvelope)
 	f := &env.future
 	f.Init()
 	env.msg = unlockMsg{lock: lock, owner: owner, future: f}
-	// Unlock returns when ctx ends, so only a caller whose ctx never ends may run
-	// the release itself (see tryDirect).
-	if ctx.Done() != nil || !e.tryDirect(ctx, &env.msg) {
+	// A caller whose ctx has ended already gets its error at once, while the
+	// release goes ahead on the engine's goroutines.
+	if ctx.Err() != nil || !e.tryDirect(ctx, &env.msg) {
 		if err := e.send(context.Background(), &env.msg); err != nil {
 			return err
 		}
 	}
-	return wait(ctx, f)
+	select {
+	case err := <-f.C(): // answered already, as a direct release is
+		return err
+	default:
+		return wait(ctx, f)
+	}
 }
 
 // ForceUnlock deletes lock whoever holds it and reports whether it existed.
@@ -537,10 +545,11 @@ func (e *Engine) drained() bool {
 //
 // A call in flight is never cut short: its caller waits for it. That is no change
 // for an acquire attempt, whose caller waits for the attempt in flight even when
-// its context ends (onCancel), so AcquireWait runs its own attempt whatever its
-// context. Unlock promises to return when its context ends, release or not, so it
-// comes here only with a context that can never end. Acquire's caller is promised
-// a channel at once and never comes here.
+// its context ends (onCancel). An Unlock whose context ends while its release is
+// at the server waits for that release too (and so returns its answer), where
+// through the loop it would have returned ctx's error at once; one whose context
+// has ended before it starts does not come here. Acquire's caller is promised a
+// channel at once and never comes here.
 //
 // A direct step may go ahead of mailbox items already posted (replies, timer
 // firings, cancellations), as the loop's select between the inbox and the mailbox

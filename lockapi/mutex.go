@@ -120,9 +120,10 @@ func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, e
 //
 // The release runs under the client's own bounded context even if ctx has already
 // ended, so a dead context never leaves the lock held until its lease runs out; ctx
-// only bounds how long Unlock waits for the answer. Under a context that can never
-// end (context.Background()), Unlock may run the release on the calling goroutine
-// when the client's engine is idle, sparing it two goroutine hand-offs.
+// only bounds how long Unlock waits for the answer. When the client's engine is
+// idle, Unlock runs the release on the calling goroutine (no goroutine hand-off);
+// if ctx ends while that release is at the server, Unlock waits for its answer
+// (within OpTimeout) and returns it, as Lock waits for its attempt in flight.
 //
 // On a handle shared by goroutines, Unlock releases the hold the handle has when
 // the call reaches the engine: if that hold is lost before the release runs, or
