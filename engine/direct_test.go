@@ -161,81 +161,49 @@ func TestEngineDirectLaneUnlockContextEnds(t *testing.T) {
 		}
 	}
 
-	lock()
-	h.quiesce(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	r.mu.Lock()
-	n := len(r.calls)
-	r.mu.Unlock()
-	go func() { done <- h.e.Unlock(ctx, "L", 1) }()
-	c := r.expect(t, scripts.LockRelease)
-	direct := r.made(t, n).onCallersGoroutine("Unlock")
-	cancel()
-	if direct {
-		select {
-		case err := <-done:
-			t.Fatalf("Unlock returned %v with its own release still in flight", err)
-		case <-time.After(50 * time.Millisecond): // the wait is the check: it must not return
+	// The lane is taken only when the engine is idle (see the test above): try a
+	// few times.
+	direct := false
+	for try := 0; !direct; try++ {
+		if try == 20 {
+			t.Fatal("no Unlock ran its own release in 20 tries")
 		}
-	}
-	c.answer(replyInt(1), nil)
-	err := recv(t, "unlock", done)
-	switch {
-	case direct && err != nil:
-		t.Fatalf("Unlock whose context ended during its own release: %v, want the release's nil", err)
-	case !direct && err != nil && !errors.Is(err, context.Canceled):
-		t.Fatalf("Unlock through the loop: %v", err)
+		lock()
+		h.quiesce(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		r.mu.Lock()
+		n := len(r.calls)
+		r.mu.Unlock()
+		go func() { done <- h.e.Unlock(ctx, "L", 1) }()
+		c := r.expect(t, scripts.LockRelease)
+		direct = r.made(t, n).onCallersGoroutine("Unlock")
+		cancel()
+		if direct {
+			select {
+			case err := <-done:
+				t.Fatalf("Unlock returned %v with its own release still in flight", err)
+			case <-time.After(50 * time.Millisecond): // the wait is the check: it must not return
+			}
+		}
+		c.answer(replyInt(1), nil)
+		err := recv(t, "unlock", done)
+		switch {
+		case direct && err != nil:
+			t.Fatalf("Unlock whose context ended during its own release: %v, want the release's nil", err)
+		case !direct && err != nil && !errors.Is(err, context.Canceled):
+			t.Fatalf("Unlock through the loop: %v", err)
+		}
 	}
 
 	lock()
 	dead, kill := context.WithCancel(context.Background())
 	kill()
-	if err := h.e.Unlock(dead, "L", 1); !errors.Is(err, context.Canceled) {
+	go func() { done <- h.e.Unlock(dead, "L", 1) }()
+	if err := recv(t, "unlock with a dead context", done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("Unlock with a dead context: %v, want context.Canceled at once", err)
 	}
 	r.expect(t, scripts.LockRelease).answer(replyInt(1), nil) // it still goes ahead
 	eventually(t, "the hold released", func() bool { return h.stats().Holds == 0 })
-}
-
-// A Lock whose context ends while it runs its own attempt waits for the attempt,
-// as it would through the engine goroutine, and returns the context's error; an
-// attempt that was granted meanwhile is given back, and no waiter or hold is left.
-func TestEngineDirectLaneContextEndsDuringTheAttempt(t *testing.T) {
-	h, r := newLoneEngine(t)
-	done := make(chan error, 1)
-	for _, granted := range []bool{true, false} {
-		ctx, cancel := context.WithCancel(context.Background())
-		h.quiesce(t)
-		r.mu.Lock()
-		n := len(r.calls)
-		r.mu.Unlock()
-		go func() { done <- h.e.AcquireWait(ctx, AcquireRequest{Lock: "L", Owner: 1, Wait: -1}) }()
-		c := r.expect(t, scripts.LockAcquire)
-		if m := r.made(t, n); !m.onCallersGoroutine("AcquireWait") {
-			t.Logf("granted=%v: the attempt ran elsewhere (the engine was busy): the check below covers the engine goroutine's path instead", granted)
-		}
-		cancel()
-		select {
-		case err := <-done:
-			t.Fatalf("granted=%v: Lock returned %v with its attempt still in flight", granted, err)
-		case <-time.After(50 * time.Millisecond): // the wait is the check: it must not return
-		}
-		if granted {
-			c.answer(replyNil, nil)
-		} else {
-			c.answer(replyPTTL(30*time.Second), nil)
-		}
-		if err := recv(t, "lock", done); !errors.Is(err, context.Canceled) {
-			t.Fatalf("granted=%v: Lock whose context ended during its attempt: %v, want context.Canceled", granted, err)
-		}
-		if granted {
-			r.expect(t, scripts.LockReleaseOwner).answer(replyInt(1), nil) // the grant goes back
-		}
-		eventually(t, "no waiter or hold left", func() bool {
-			s := h.stats()
-			return s.Waiters == 0 && s.Holds == 0
-		})
-	}
 }
 
 // A caller stuck in its own call when Close comes (a server that stopped

@@ -303,9 +303,10 @@ func (e *Engine) AcquireWait(ctx context.Context, req AcquireRequest) error {
 // engine's own bounded context even if ctx is already done (a dead context must not
 // leave the lock held until its lease ends); ctx only bounds how long the caller
 // waits for the answer, except that a release the caller runs itself (when the
-// engine is idle: see tryDirect) is waited for, like a Lock's attempt in flight:
-// if ctx ends while it is at the server, Unlock returns its answer once it comes
-// (within the connection's timeout).
+// engine is idle and the release is the step's only call: see tryDirect) is
+// waited for, like a Lock's attempt in flight: if ctx ends while it is at the
+// server, Unlock returns once it is answered (within the connection's timeout):
+// its answer, or ctx's error if it failed and its retry went to the loop.
 func (e *Engine) Unlock(ctx context.Context, lock string, owner uint64) error {
 	env := new(unlockEnvelope)
 	f := &env.future

@@ -113,7 +113,8 @@ func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, e
 // free, and it goes to the next local waiter or one waiter is woken in each process
 // that has waiters). It returns nil when released; ErrNotHeld when this handle does
 // not hold the lock, or its hold was lost; ctx's error when ctx ends before the
-// answer (the release still goes ahead); ErrClosed; ErrInvalidArgument; or a
+// answer (the release still goes ahead; but see below for a release Unlock runs
+// itself); ErrClosed; ErrInvalidArgument; or a
 // wrapped Redis error (the release was tried twice and failed: the hold counts as
 // lost, so Lost is closed and nothing renews it, and an owner-guarded release is
 // tried once more; at worst the lock ends with its lease).
@@ -121,9 +122,12 @@ func (m *Mutex) TryLock(ctx context.Context, wait, lease time.Duration) (bool, e
 // The release runs under the client's own bounded context even if ctx has already
 // ended, so a dead context never leaves the lock held until its lease runs out; ctx
 // only bounds how long Unlock waits for the answer. When the client's engine is
-// idle, Unlock runs the release on the calling goroutine (no goroutine hand-off);
-// if ctx ends while that release is at the server, Unlock waits for its answer
-// (within OpTimeout) and returns it, as Lock waits for its attempt in flight.
+// idle and the release is a plain one (no local waiter to hand the lock to), Unlock
+// may run it on the calling goroutine (no goroutine hand-off); if ctx ends while
+// that release is at the server, Unlock waits for it (within OpTimeout, or the
+// timeouts of a client given in Options.Client) and returns its answer, as Lock
+// waits for its attempt in flight; if it failed with a transport error, the retry
+// goes through the engine and Unlock returns ctx's error.
 //
 // On a handle shared by goroutines, Unlock releases the hold the handle has when
 // the call reaches the engine: if that hold is lost before the release runs, or
