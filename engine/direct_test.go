@@ -113,37 +113,27 @@ func (r *loneManual) cycle(t *testing.T, h *eh, lockCtx, unlockCtx context.Conte
 // allows a few cycles to see the lane taken, and none to see it wrongly taken.
 func TestEngineDirectLaneRunsCallsOnTheCaller(t *testing.T) {
 	h, r := newLoneEngine(t)
-	bg := context.Background()
-	ctx, cancel := context.WithCancel(bg)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	const tries = 20
-
-	var lockDirect, unlockDirect bool
-	for range tries {
-		a, rel := r.cycle(t, h, bg, bg)
-		lockDirect = lockDirect || a.onCallersGoroutine("AcquireWait")
-		unlockDirect = unlockDirect || rel.onCallersGoroutine("Unlock")
-		if lockDirect && unlockDirect {
-			break
+	for _, c := range []struct {
+		what string
+		ctx  context.Context
+	}{
+		{"with context.Background()", context.Background()},
+		// The calls are still the callers' to run: each waits for its call in
+		// flight anyway.
+		{"under a cancellable context", ctx},
+	} {
+		const tries = 20
+		var lockDirect, unlockDirect bool
+		for i := 0; i < tries && !(lockDirect && unlockDirect); i++ {
+			a, rel := r.cycle(t, h, c.ctx, c.ctx)
+			lockDirect = lockDirect || a.onCallersGoroutine("AcquireWait")
+			unlockDirect = unlockDirect || rel.onCallersGoroutine("Unlock")
 		}
-	}
-	if !lockDirect || !unlockDirect {
-		t.Fatalf("with context.Background(), in %d cycles: an attempt on the caller's goroutine %v, a release %v; want both", tries, lockDirect, unlockDirect)
-	}
-
-	// A context that can end: the calls are still the callers' to run (each
-	// waits for its call in flight anyway).
-	lockDirect, unlockDirect = false, false
-	for range tries {
-		a, rel := r.cycle(t, h, ctx, ctx)
-		lockDirect = lockDirect || a.onCallersGoroutine("AcquireWait")
-		unlockDirect = unlockDirect || rel.onCallersGoroutine("Unlock")
-		if lockDirect && unlockDirect {
-			break
+		if !lockDirect || !unlockDirect {
+			t.Fatalf("%s, in %d cycles: an attempt on the caller's goroutine %v, a release %v; want both", c.what, tries, lockDirect, unlockDirect)
 		}
-	}
-	if !lockDirect || !unlockDirect {
-		t.Fatalf("under a cancellable context, in %d cycles: an attempt on the caller's goroutine %v, a release %v; want both", tries, lockDirect, unlockDirect)
 	}
 }
 
