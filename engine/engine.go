@@ -616,15 +616,14 @@ func (e *Engine) takeLone(msg message) (scripts.LoneRunner, scriptCall, bool) {
 // clean-ups its failure starts. If ctx (an acquire's) ended meanwhile, the machine
 // hears of that first, as it would have through the loop.
 func (e *Engine) runDirect(ctx context.Context, msg message, lone scripts.LoneRunner, call scriptCall) {
-	sentAt := time.Now()
-	reply, err := lone.RunLone(context.Background(), call.script, call.keys, call.args)
+	done := doLone(lone, call)
 	e.mu.Lock()
 	now := time.Now()
 	e.sends--
 	if a, ok := msg.(*acquireMsg); ok && ctx.Err() != nil {
 		e.m.handle(cancelMsg{id: a.id, err: ctx.Err()}, now)
 	}
-	e.step(scriptDone{call: call, sentAt: sentAt, reply: reply, err: err}, now)
+	e.step(done, now)
 	e.apply()
 	if e.drained() {
 		e.mail.post(wakeMsg{}) // the loop waits for this call before it returns
@@ -682,10 +681,7 @@ func (e *Engine) sendPending() {
 		defer e.ioWG.Done()
 		switch {
 		case hasLone:
-			call := batch[0]
-			sentAt := time.Now()
-			reply, err := lone.RunLone(context.Background(), call.script, call.keys, call.args)
-			e.mail.post(scriptDone{call: call, sentAt: sentAt, reply: reply, err: err})
+			e.mail.post(doLone(lone, batch[0]))
 		case len(batch) == 1:
 			e.mail.post(e.doScript(batch[0]))
 		default:
@@ -727,6 +723,13 @@ func (e *Engine) runScript(call scriptCall) {
 func (e *Engine) doScript(call scriptCall) scriptDone {
 	sentAt := time.Now()
 	reply, err := e.runner.Run(context.Background(), call.script, call.keys, call.args)
+	return scriptDone{call: call, sentAt: sentAt, reply: reply, err: err}
+}
+
+// doLone is doScript on the runner's lone lane (at most one call at a time).
+func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
+	sentAt := time.Now()
+	reply, err := lone.RunLone(context.Background(), call.script, call.keys, call.args)
 	return scriptDone{call: call, sentAt: sentAt, reply: reply, err: err}
 }
 
