@@ -11,13 +11,14 @@ import (
 )
 
 // BenchmarkMutexUncontended is one goroutine taking and releasing one lock on its
-// own redis-server, three ways side by side:
+// own redis-server, four ways side by side:
 //
 //   - background: Lock and Unlock under context.Background(), which the engine
 //     serves on the caller's goroutine when it is idle (its direct lane: the call
 //     and its reply cost no goroutine hand-off);
-//   - deadline: the same under a context with a deadline, through the engine
-//     goroutine and an I/O goroutine;
+//   - fair-background: the same with a fair lock (its scripts keep a queue);
+//   - deadline: the same under a context with a deadline (the lane takes any
+//     context; this shows what creating and watching one costs);
 //   - bare: what any lock costs at least, a SET NX PX and a compare-and-delete
 //     script on a dedicated rueidis connection (two round trips, no engine).
 //
@@ -45,6 +46,11 @@ func BenchmarkMutexUncontended(b *testing.B) {
 	}
 	b.Run("background", func(b *testing.B) {
 		cycle(b, c.Mutex(lockName(b, "background")), func() (context.Context, context.CancelFunc) {
+			return context.Background(), func() {}
+		})
+	})
+	b.Run("fair-background", func(b *testing.B) {
+		cycle(b, c.FairMutex(lockName(b, "fair-background")), func() (context.Context, context.CancelFunc) {
 			return context.Background(), func() {}
 		})
 	})

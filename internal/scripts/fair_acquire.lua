@@ -31,10 +31,9 @@ local now = tonumber(ARGV[4])
 local wait = tonumber(ARGV[3])
 local register = ARGV[6] or ''
 
-purge_stale(KEYS[2], KEYS[3], KEYS[4], now)
+local head = purge_stale(KEYS[2], KEYS[3], KEYS[4], now)
 
 if redis.call('exists', KEYS[1]) == 0 then
-    local head = redis.call('lindex', KEYS[2], 0)
     if head == false or head == ARGV[2] then
         if head == ARGV[2] then
             pop_head(KEYS[2], KEYS[3], KEYS[4], ARGV[2], now, wait)

@@ -11,9 +11,8 @@
 -- ARGV[2]  now, milliseconds since the epoch
 -- Reply: 1 when the lock existed and was deleted, 0 otherwise.
 local now = tonumber(ARGV[2])
-purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
+local head = purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
 local existed = redis.call('del', KEYS[1])
-local head = redis.call('lindex', KEYS[2], 0)
 if head ~= false then
     redis.call('publish', KEYS[4] .. ':' .. head, ARGV[1])
 end

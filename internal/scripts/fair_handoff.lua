@@ -34,35 +34,36 @@
 -- must never happen whatever the clocks say.
 local now = tonumber(ARGV[6])
 local wait = tonumber(ARGV[5])
-purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
+local head = purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
 
-if redis.call('hexists', KEYS[1], ARGV[1]) == 0 then
+local count = redis.call('hget', KEYS[1], ARGV[1])
+if not count then
     if ARGV[10] == '1' and redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
         return 2
     end
     return nil
 end
-local count = redis.call('hincrby', KEYS[1], ARGV[1], -1)
-if count > 0 then
+if count ~= '1' and redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then
     redis.call('pexpire', KEYS[1], ARGV[2])
     return 0
 end
 redis.call('del', KEYS[1])
-local head = redis.call('lindex', KEYS[2], 0)
 if head == ARGV[3] or ARGV[8] == '1' then
+    local new_head
     if head == ARGV[3] then
-        pop_head(KEYS[2], KEYS[3], KEYS[5], ARGV[3], now, wait)
+        new_head = pop_head(KEYS[2], KEYS[3], KEYS[5], ARGV[3], now, wait)
     else
         redis.call('lrem', KEYS[2], 0, ARGV[3])
         redis.call('zrem', KEYS[3], ARGV[3])
         redis.call('hdel', KEYS[5], ARGV[3])
+        new_head = redis.call('lindex', KEYS[2], 0)
     end
     redis.call('hset', KEYS[1], ARGV[3], 1)
     redis.call('pexpire', KEYS[1], ARGV[4])
-    if ARGV[9] ~= '' and redis.call('lindex', KEYS[2], 0) == ARGV[9] then
+    if ARGV[9] ~= '' and new_head == ARGV[9] then
         return 3
     end
     return 2
 end
-pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[7])
+pass_on(head, KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[7])
 return 1

@@ -26,8 +26,7 @@ if ARGV[5] == '1' and redis.call('hexists', KEYS[1], ARGV[1]) == 1 then
         return 2
     end
     redis.call('del', KEYS[1])
-    purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
-    pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[3])
+    pass_on(purge_stale(KEYS[2], KEYS[3], KEYS[5], now), KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[3])
     return 2
 end
 local queue = redis.call('lrange', KEYS[2], 0, -1)
@@ -53,7 +52,6 @@ redis.call('lrem', KEYS[2], 0, ARGV[1])
 -- The head left while the lock is free: pass the lock on rather than let the new
 -- head sleep until its deadline.
 if pos == 1 and redis.call('exists', KEYS[1]) == 0 and #queue > 1 then
-    purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
-    pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[3])
+    pass_on(purge_stale(KEYS[2], KEYS[3], KEYS[5], now), KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[3])
 end
 return 1

@@ -11,17 +11,18 @@
 -- takes the lock itself.
 
 -- purge_stale drops queued owners at the head whose deadline passed without them
--- taking their turn. Only heads are purged; a deadline missing from the set (a torn
--- queue) counts as stale rather than failing the script.
+-- taking their turn, and returns the head left (false when the queue is empty).
+-- Only heads are purged; a deadline missing from the set (a torn queue) counts as
+-- stale rather than failing the script.
 local function purge_stale(queue, timeout, grants, now)
     while true do
         local head = redis.call('lindex', queue, 0)
         if head == false then
-            return
+            return false
         end
         local deadline = tonumber(redis.call('zscore', timeout, head))
         if deadline ~= nil and deadline > now then
-            return
+            return head
         end
         redis.call('zrem', timeout, head)
         redis.call('lpop', queue)
@@ -30,7 +31,8 @@ local function purge_stale(queue, timeout, grants, now)
 end
 
 -- pop_head takes the head, owner, out of the queue; the one behind it heads the
--- queue now and gets one allowance to take its turn (see fair_acquire.lua).
+-- queue now and gets one allowance to take its turn (see fair_acquire.lua). It
+-- returns the new head (false when the queue is empty now).
 local function pop_head(queue, timeout, grants, owner, now, wait)
     redis.call('lpop', queue)
     redis.call('zrem', timeout, owner)
@@ -39,12 +41,13 @@ local function pop_head(queue, timeout, grants, owner, now, wait)
     if new_head ~= false then
         redis.call('zadd', timeout, 'LT', now + wait, new_head)
     end
+    return new_head
 end
 
--- pass_on runs when the lock has just become free: the head, if it registered for
--- direct grants, gets the lock now; any other head is woken with msg.
-local function pass_on(lock, queue, timeout, grants, prefix, now, wait, msg)
-    local head = redis.call('lindex', queue, 0)
+-- pass_on runs when the lock has just become free: the head (what purge_stale
+-- returned; false for an empty queue), if it registered for direct grants, gets
+-- the lock now; any other head is woken with msg.
+local function pass_on(head, lock, queue, timeout, grants, prefix, now, wait, msg)
     if head == false then
         return
     end

@@ -19,25 +19,25 @@
 --        1 when the lock was released and passed on.
 local now = tonumber(ARGV[4])
 local wait = tonumber(ARGV[5])
-purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
+local head = purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
 
-if redis.call('hexists', KEYS[1], ARGV[3]) == 0 then
+local count = redis.call('hget', KEYS[1], ARGV[3])
+if not count then
     if redis.call('exists', KEYS[1]) == 0 then
-        pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[1])
+        pass_on(head, KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[1])
     end
     return nil
 end
 local keep = tonumber(ARGV[6] or '0')
-local held = tonumber(redis.call('hget', KEYS[1], ARGV[3]))
+local held = tonumber(count)
 if keep > 0 and held ~= nil and held <= keep then
     redis.call('pexpire', KEYS[1], ARGV[2])
     return 0
 end
-local count = redis.call('hincrby', KEYS[1], ARGV[3], -1)
-if count > 0 then
+if count ~= '1' and redis.call('hincrby', KEYS[1], ARGV[3], -1) > 0 then
     redis.call('pexpire', KEYS[1], ARGV[2])
     return 0
 end
 redis.call('del', KEYS[1])
-pass_on(KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[1])
+pass_on(head, KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[1])
 return 1
