@@ -86,6 +86,8 @@ func New(opts Options) (*Client, error) {
 		CloseTimeout: opts.CloseTimeout,
 		FairWait:     opts.FairWaitTimeout,
 		PublicYield:  opts.PublicYield,
+		HandoffChain: opts.HandoffChain,
+		HandoffAge:   opts.HandoffAge,
 		AbortIO:      c.abortIO,
 	})
 	if err != nil {

@@ -63,6 +63,33 @@ func TestLocalHandoffGrantsEarly(t *testing.T) {
 	}
 }
 
+// Options.HandoffChain reaches the engine: negative turns local handoffs off, so a
+// release with a local waiter goes through Redis to everyone, and the waiter
+// takes the lock with an attempt of its own.
+func TestLocalHandoffsOff(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	c := newClient(t, srv, lockapi.Options{HandoffChain: -1})
+	name := lockName(t, "")
+	ctx := ctxFor(t, 30*time.Second)
+
+	a, b := c.Mutex(name), c.Mutex(name)
+	for range 3 {
+		lockWithin(t, a, 5*time.Second)
+		got := b.Acquire(ctx)
+		eventually(t, 5*time.Second, "b to wait", func() bool { return stats(t, c).Waiters == 1 })
+		unlock(t, a)
+		if err, ok := receive(got, 5*time.Second); !ok || err != nil {
+			t.Fatalf("b's Acquire after a's Unlock = %v (received %v); want nil", err, ok)
+		}
+		unlock(t, b)
+	}
+	if st := stats(t, c); st.Handoffs != 0 || st.EarlyGrants != 0 {
+		t.Fatalf("with HandoffChain -1: %d handoffs, %d early grants; want none", st.Handoffs, st.EarlyGrants)
+	}
+	mustBeLocked(t, srv, name, false)
+}
+
 // Goroutines of one client taking turns: every Unlock hands over early while the
 // previous handoff's reply may still be on its way, and the receiver's Unlock
 // waits for it. Nobody is ever inside with another, Redis shows each holder's

@@ -297,6 +297,7 @@ func TestNewBadOptions(t *testing.T) {
 		"negative DialTimeout":   {Addrs: addrs, DialTimeout: -time.Second},
 		"watchdog of -1ns":       {Addrs: addrs, WatchdogTimeout: -1},
 		"PublicYield above max":  {Addrs: addrs, PublicYield: lockapi.MaxPublicYield + time.Millisecond},
+		"negative HandoffAge":    {Addrs: addrs, HandoffAge: -time.Millisecond},
 	} {
 		c, err := lockapi.New(o)
 		if c != nil {

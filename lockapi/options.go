@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/rueidis"
 
+	"github.com/leash-go/leash/engine"
 	"github.com/leash-go/leash/timer"
 )
 
@@ -32,6 +33,11 @@ const (
 	// MaxPublicYield bounds Options.PublicYield: every registered waiter waits it
 	// on every public release.
 	MaxPublicYield = 100 * time.Millisecond
+	// DefaultHandoffChain and DefaultHandoffAge are Options.HandoffChain's and
+	// Options.HandoffAge's defaults: 16 handoffs, 20 ms. engine.DefaultHandoffAge
+	// says why 20 ms.
+	DefaultHandoffChain = engine.DefaultHandoffChain
+	DefaultHandoffAge   = engine.DefaultHandoffAge
 )
 
 // Options configure a Client. The zero value of every field means its default.
@@ -76,6 +82,19 @@ type Options struct {
 	// "Redisson clients are woken, not passed over"). Default DefaultPublicYield;
 	// negative turns it off; at most MaxPublicYield.
 	PublicYield time.Duration
+	// HandoffChain and HandoffAge bound how long this client's waiters may pass a
+	// lock among themselves, by local handoffs, while waiters in other processes
+	// wait: after HandoffChain handoffs in a row, or once the chain is HandoffAge
+	// old, the next release goes to another process's waiter (or to everyone; see
+	// the README's "Fairness within a process"). Larger bounds cross between
+	// processes less often (each crossing idles the lock for a wake-up of another
+	// process); smaller ones let other processes in sooner. A fair lock's handoffs
+	// follow its Redis queue and are not bounded by them. Defaults
+	// DefaultHandoffChain and DefaultHandoffAge; a negative HandoffChain turns
+	// local handoffs off (every release goes through Redis to all waiters); a
+	// negative HandoffAge is invalid.
+	HandoffChain int
+	HandoffAge   time.Duration
 }
 
 // withDefaults validates o and fills in defaults.
@@ -101,6 +120,7 @@ func (o Options) withDefaults() (Options, error) {
 		{"OpTimeout", &o.OpTimeout, DefaultOpTimeout},
 		{"CloseTimeout", &o.CloseTimeout, DefaultCloseTimeout},
 		{"DialTimeout", &o.DialTimeout, DefaultDialTimeout},
+		{"HandoffAge", &o.HandoffAge, DefaultHandoffAge},
 	}
 	for _, f := range durations {
 		switch {
