@@ -21,10 +21,18 @@
 --          lost): the releasing owner's field gone and the receiving owner's there
 --          then mean it did, so the reply is 2 (the receiving owner makes no other
 --          call meanwhile); else "0" or absent
+-- ARGV[11] optional: r, how many relayed fields follow ("0" or absent: none)
+-- ARGV[12 .. 11+r]  relayed fields: owners the caller let hold the lock under the
+--          releasing owner's field while this call's turn came (engine/relay.go).
+--          They have had their turn: they leave the queue first, whatever the
+--          outcome.
+-- ARGV[12+r ..]     the fields of the caller's queued waiters after ARGV[9], in
+--          its queue order (the run)
 -- Reply: nil when the releasing owner does not hold the lock; 0 when it still holds
 --        it; 1 when the lock was released and passed on to the head (another owner);
---        2 when the lock passed to the receiving owner; 3 when it did and the
---        queue's new head is ARGV[9].
+--        2 + n when the lock passed to the receiving owner and the queue now starts
+--        with the first n fields of ARGV[9], ARGV[12+r], ARGV[13+r], ... (so 3: its
+--        new head is ARGV[9]).
 --
 -- The caller believes the receiver heads the queue when the reply that made it
 -- the head said so (3): nothing can join ahead of a head, so only a purge can
@@ -34,12 +42,22 @@
 -- must never happen whatever the clocks say.
 local now = tonumber(ARGV[6])
 local wait = tonumber(ARGV[5])
+local relayed = tonumber(ARGV[11] or '0')
+for i = 12, 11 + relayed do
+    redis.call('lrem', KEYS[2], 0, ARGV[i])
+    redis.call('zrem', KEYS[3], ARGV[i])
+    redis.call('hdel', KEYS[5], ARGV[i])
+end
 local head = purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
 
 local count = redis.call('hget', KEYS[1], ARGV[1])
 if not count then
     if ARGV[10] == '1' and redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
         return 2
+    end
+    if relayed > 0 and redis.call('exists', KEYS[1]) == 0 then
+        -- The relayed owners headed the queue: whoever heads it now is told.
+        pass_on(head, KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[7])
     end
     return nil
 end
@@ -60,10 +78,19 @@ if head == ARGV[3] or ARGV[8] == '1' then
     end
     redis.call('hset', KEYS[1], ARGV[3], 1)
     redis.call('pexpire', KEYS[1], ARGV[4])
-    if ARGV[9] ~= '' and new_head == ARGV[9] then
+    if ARGV[9] == nil or ARGV[9] == '' or new_head ~= ARGV[9] then
+        return 2
+    end
+    local first = 12 + relayed
+    if ARGV[first] == nil then
         return 3
     end
-    return 2
+    local front = redis.call('lrange', KEYS[2], 1, #ARGV - first + 1)
+    local n = 1
+    while front[n] ~= nil and front[n] == ARGV[first + n - 1] do
+        n = n + 1
+    end
+    return 2 + n
 end
 pass_on(head, KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[7])
 return 1

@@ -485,10 +485,13 @@ func TestFairHandoff(t *testing.T) {
 			grants: "R=45000:3", owner: "A", want: "2", wantHash: "R=1", wantLease: leaseB},
 	}
 	// An early grant (ARGV[8] = "1") and the caller's next queued waiter (ARGV[9]).
+	// A follow-up of a relay (ARGV[11..]): relayed fields leave the queue first;
+	// the run after ARGV[9] tells how much of the queue's front the caller knows.
 	type earlyCase struct {
 		fairCase
 		early, retry bool
 		next         string
+		relayed, run []string
 	}
 	earlyCases := []earlyCase{
 		{fairCase: fairCase{name: "the next waiter heads the queue now: 3", hash: "A=1", queue: "R:+20000 N:+25000",
@@ -511,6 +514,34 @@ func TestFairHandoff(t *testing.T) {
 			want: "2", wantHash: "R=1", wantQueue: "N:+20000"}, early: true, retry: true},
 		{fairCase: fairCase{name: "early retry, neither field there: nil", hash: "X=1", owner: "A",
 			want: "nil", wantHash: "X=1"}, early: true, retry: true},
+		{fairCase: fairCase{name: "run: the next three head the queue in order: 2+3", hash: "A=1",
+			queue: "R:+20000 N:+25000 O:+30000 P:+35000 X:+40000", owner: "A",
+			want: "5", wantHash: "R=1", wantQueue: "N:+5000 O:+30000 P:+35000 X:+40000", wantLease: leaseB},
+			next: "N", run: []string{"O", "P"}},
+		{fairCase: fairCase{name: "run: a foreign waiter between: 2+1", hash: "A=1",
+			queue: "R:+20000 N:+25000 X:+30000 O:+35000", owner: "A",
+			want: "3", wantHash: "R=1", wantQueue: "N:+5000 X:+30000 O:+35000", wantLease: leaseB},
+			next: "N", run: []string{"O"}},
+		{fairCase: fairCase{name: "run longer than the queue", hash: "A=1",
+			queue: "R:+20000 N:+25000 O:+30000", owner: "A",
+			want: "4", wantHash: "R=1", wantQueue: "N:+5000 O:+30000", wantLease: leaseB},
+			next: "N", run: []string{"O", "P", "Q"}},
+		{fairCase: fairCase{name: "relayed fields leave first; the receiver then heads the queue", hash: "A=1",
+			queue: "C:+20000 D:+25000 R:+30000 N:+35000 X:+40000", grants: "C=45000:3 R=45000:4", owner: "A",
+			want: "3", wantHash: "R=1", wantQueue: "N:+5000 X:+40000", wantLease: leaseB},
+			early: true, next: "N", relayed: []string{"C", "D"}, run: []string{"Y"}},
+		{fairCase: fairCase{name: "relayed fields leave even when nothing is handed over; the new head is woken", hash: "",
+			queue: "C:+20000 R:+30000 X:+40000", owner: "A",
+			want: "nil", wantQueue: "R:+30000 X:+40000", wantWake: []string{"R"}},
+			early: true, relayed: []string{"C"}},
+		{fairCase: fairCase{name: "a relayed field behind the head leaves too", hash: "X=1",
+			queue: "X:+20000 C:+25000 R:+30000", owner: "A",
+			want: "nil", wantHash: "X=1", wantQueue: "X:+20000 R:+30000"},
+			early: true, relayed: []string{"C"}},
+		{fairCase: fairCase{name: "relayed fields leave when the lock is still held by another", hash: "X=1",
+			queue: "C:+20000 R:+30000", owner: "A",
+			want: "nil", wantHash: "X=1", wantQueue: "R:+30000"},
+			early: true, relayed: []string{"C"}},
 	}
 	for _, tc := range cases {
 		earlyCases = append(earlyCases, earlyCase{fairCase: tc})
@@ -525,9 +556,12 @@ func TestFairHandoff(t *testing.T) {
 				}
 				return "0"
 			}
-			rep := e.run(t, scripts.FairHandoff, f.keys(),
-				tc.owner, strconv.Itoa(lease), "R", strconv.Itoa(leaseB), strconv.Itoa(wait), at(tc.at), unlockMsg,
-				flag(tc.early), tc.next, flag(tc.retry))
+			args := []string{tc.owner, strconv.Itoa(lease), "R", strconv.Itoa(leaseB), strconv.Itoa(wait), at(tc.at), unlockMsg,
+				flag(tc.early), tc.next, flag(tc.retry)}
+			if tc.relayed != nil || tc.run != nil {
+				args = append(append(append(args, strconv.Itoa(len(tc.relayed))), tc.relayed...), tc.run...)
+			}
+			rep := e.run(t, scripts.FairHandoff, f.keys(), args...)
 			tc.check(t, e, f, w, "fair_handoff", rep)
 		})
 	}
