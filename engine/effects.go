@@ -48,7 +48,7 @@ type scriptCall struct {
 	receiver uint64   // purposeHandoff: the waiter's owner
 	hold     uint64   // purposeUnlock, purposeHandoff (early: the receiver's new hold, 0 if none)
 	early    bool     // purposeHandoff: the receiver was granted before the reply (see handoff.go)
-	next     uint64   // purposeHandoff, fair: the waiter whose field is fair_handoff's ARGV[9]
+	run      []uint64 // purposeHandoff, fair: the waiters whose fields are fair_handoff's run (see fairrun.go)
 	owner    uint64   // purposeLeave; and with serial, the owner whose call this is
 	serial   bool     // one of the owner's serialized calls (see serial.go)
 	joining  bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)

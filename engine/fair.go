@@ -135,7 +135,10 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 	w.joinPending = false
 	if w.oneShot {
 		try = "1"
-	} else if lease <= m.cfg.fairWait {
+	} else if joining && l.handingOff {
+		try = "2" // join only (see fairAdvance)
+	}
+	if !w.oneShot && lease <= m.cfg.fairWait {
 		// A waiter whose process dies after a direct grant holds the lock for its
 		// lease; one whose lease is longer than it would keep its place in the queue
 		// when gone (fairWait) is woken instead, and takes the lock itself.
@@ -192,13 +195,16 @@ const maxJoin = 64
 func (m *machine) fairAdvance(l *lockState, now time.Time) {
 	// While an early handoff is in flight, the releasing owner's field is still on
 	// the server although its local hold is gone: an attempt of that owner's (or of
-	// the receiver's) must not reach Redis first. onEarlyHandoffDone advances.
-	if l.backingOff || m.closing || l.handingOff {
+	// the receiver's) must not reach Redis first, and those owners are busy. Other
+	// owners join the queue meanwhile, but only join: one that found the lock free
+	// (a force-release took it) would take it while the receiver holds here. No
+	// queued waiter retries and nobody re-enters; onEarlyHandoffDone advances.
+	if l.backingOff || m.closing {
 		return
 	}
 	w := l.queue.head
 	for ; w != nil && w.enqueued; w = w.next {
-		if l.attempting == nil && w.wake && !w.attempting && !m.ownerBusy(holdKey{l.id, w.owner}) {
+		if !l.handingOff && l.attempting == nil && w.wake && !w.attempting && !m.ownerBusy(holdKey{l.id, w.owner}) {
 			l.attempting = w
 			w.wake = false
 			m.markBusy(holdKey{l.id, w.owner})
@@ -215,6 +221,9 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 			continue // behind one that could not join yet (see fairRequeue)
 		}
 		key := holdKey{l.id, w.owner}
+		if m.holds[key] != nil && l.handingOff {
+			break
+		}
 		if m.holds[key] != nil && !m.ownerBusy(key) && !w.attempting {
 			// A waiter that queued while another waiter of its handle was ahead,
 			// which now holds: it re-enters, as a holder's Lock does.
@@ -335,6 +344,10 @@ func (m *machine) fairRetryDelay(ttl time.Duration) time.Duration {
 	switch {
 	case ttl == -time.Millisecond:
 		return min(noTTLRetry, refresh)
+	case ttl == -2*time.Millisecond:
+		// The lock was free, and a join-only attempt left it (see fairAdvance):
+		// the retry takes it if nobody has by then.
+		return minBackoff
 	case ttl <= 0:
 		return refresh
 	}

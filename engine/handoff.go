@@ -20,7 +20,7 @@ import (
 // out, and the engine's expiry for it is no later than that lease's. This takes the
 // round trip out of every local handoff (the idle gap between one holder's Unlock and
 // the next holder's start). A fair lock grants early to the waiter the last
-// handoff's reply said heads the Redis queue (lockState.fairHead), and its
+// handoff's reply said heads the Redis queue (lockState.fairRun), and its
 // fair_handoff call is then told to hand over whatever it finds, so it is as sure
 // to as lock_handoff is.
 //
@@ -90,34 +90,11 @@ func (m *machine) canGrantEarly(l *lockState, h *hold, w *waiter, bounded bool, 
 	key := holdKey{l.id, w.owner}
 	sure := !bounded
 	if l.fair != nil {
-		sure = w.enqueued && w.id == l.fairHead
+		sure = w.enqueued && len(l.fairRun) > 0 && w.id == l.fairRun[0]
 	}
 	return sure && !h.maySurplus && w.cancelErr == nil && !w.expired &&
 		!m.ownerBusy(key) && m.holds[key] == nil &&
 		h.expiresAt.Sub(now) >= earlyGrantMinLease+expiryMargin(m.leaseOf(w.lease))
-}
-
-// nextEnqueued returns the local waiter after w in l's Redis queue, or nil: local
-// order is Redis queue order for the local waiters in it (see fair.go).
-func nextEnqueued(w *waiter) *waiter {
-	for n := w.next; n != nil; n = n.next {
-		if n.enqueued {
-			return n
-		}
-	}
-	return nil
-}
-
-// noteFairHead records what a fair handoff's reply says of the Redis queue's head:
-// 3 means the waiter after the receiver heads it now.
-func (m *machine) noteFairHead(l *lockState, d scriptDone) {
-	if l == nil || l.fair == nil {
-		return
-	}
-	l.fairHead = 0
-	if d.err == nil && d.reply.Int == 3 {
-		l.fairHead = d.call.next
-	}
 }
 
 func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Future[error], now time.Time) {
@@ -159,17 +136,12 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 		// early, to the waiter it was told heads it).
 		call.script = scripts.FairHandoff
 		call.keys = l.fair.keys
-		earlyFlag, nextField := "0", ""
+		call.args, call.run = m.fairHandoffArgs(h.field, h.lease, m.waiterField(w), w.lease, early, nil, w.next, now)
 		if early {
-			earlyFlag = "1"
+			l.fairRun = l.fairRun[1:] // the rest still follows w
+		} else {
+			l.fairRun = nil // until the reply says who heads the queue
 		}
-		if n := nextEnqueued(w); n != nil {
-			call.next = n.id
-			nextField = m.waiterField(n)
-		}
-		call.args = []string{h.field, m.leaseText(h.lease), m.waiterField(w), m.leaseText(w.lease),
-			millis(m.cfg.fairWait), wallMillis(now), unlockMessage, earlyFlag, nextField}
-		l.fairHead = 0 // until the reply says who heads the queue
 	}
 	if early {
 		l.handingOff = true
@@ -238,8 +210,8 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 			}
 			m.attemptFailed(w, d.err, now)
 		}
-	case d.reply.Int == 2 || d.reply.Int == 3: // handed over (3: fair, and the next local waiter heads the queue)
-		m.noteFairHead(l, d)
+	case handedOver(d):
+		m.noteFairRun(l, d, nil)
 		if h != nil {
 			m.dropHold(h)
 		}
@@ -332,8 +304,11 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		// field, which it finds there (or already moved, on a retry) unless the
 		// lock was lost meanwhile.
 		m.answerRelay(d.call.relayed, relayOutcome(d, d.reply.Nil))
+		if l != nil && l.fair != nil {
+			m.fairFollowUpDone(l, d, now)
+		}
 	}
-	handedOver := false
+	swapped := false
 	switch {
 	case d.err != nil:
 		// Twice a transport error (see retryOnce): either field may be on the server.
@@ -349,12 +324,12 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		if nh != nil {
 			m.loseHold(nh, true)
 		}
-	case d.reply.Int == 2 || d.reply.Int == 3:
+	case handedOver(d):
 		// Handed over, by this try or (a retry's reply) by the first. The lease ran
 		// from when the first try was sent at the earliest.
-		m.noteFairHead(l, d)
+		m.noteFairRun(l, d, r)
 		answerUnlock(d.call.unlock, nil)
-		handedOver = true
+		swapped = true
 		m.stats.Handoffs++
 		if nh != nil {
 			sent := d.sentAt
@@ -388,11 +363,14 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 			m.loseHold(nh, false)
 		}
 	}
+	if l != nil && !swapped {
+		l.fairRun = nil
+	}
 	m.sendWaitingCleanups(d.call.lock, d.call.receiver)
 	if r != nil && l != nil {
-		m.endRelay(l, r, d, handedOver, now)
+		m.endRelay(l, r, d, swapped, now)
 	}
-	if l != nil && l.fair != nil && !(d.err == nil && (d.reply.Int == 2 || d.reply.Int == 3)) {
+	if l != nil && l.fair != nil && !swapped {
 		// Nothing was handed over (or, after two transport errors, maybe not): the
 		// receiver's entry may still head the Redis queue, and its waiter is done.
 		// It leaves, so the queue moves on at once rather than at its deadline.

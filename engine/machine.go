@@ -184,7 +184,7 @@ type lockState struct {
 	// most one per lock, so one unlock message costs one script call per process.
 	attempting *waiter
 	// handingOff: a handoff that granted early is in flight (see handoff.go). The
-	// queued waiters make no attempt meanwhile (fair ones do not join either), as
+	// queued waiters make no attempt meanwhile (fair ones only join; see fairAdvance), as
 	// while attempting is set: an attempt could otherwise re-enter, take after a
 	// force-release, or (fair) claim as an unheard grant a field the handoff is
 	// about to swap or its cleanup to delete.
@@ -210,10 +210,11 @@ type lockState struct {
 	// joining counts a fair lock's first attempts in flight: local waiters joining
 	// the Redis queue, a batch at a time (see fairAdvance).
 	joining int
-	// fairHead is the local waiter that a fair handoff's reply said heads the Redis
-	// queue (0 if none known): a handoff to it may grant early (see handoff.go).
-	// Waiter ids are never reused, so a stale one matches nobody.
-	fairHead uint64
+	// fairRun: the local waiters that the last fair handoff's reply said stand next
+	// in the Redis queue, in order, after the holders the calls in flight hand
+	// the lock to (see fairrun.go); a handoff or relay to fairRun[0] may grant
+	// early. Waiter ids are never reused, so a stale one matches nobody.
+	fairRun []uint64
 
 	sub        subState
 	resubAfter bool // subscribe again once the unsubscribe in flight is done
@@ -438,7 +439,8 @@ func (m *machine) retryOnce(d scriptDone) bool {
 	switch {
 	case retry.early && retry.script == scripts.FairHandoff:
 		// fair_handoff's ARGV[10]: tell a first try that ran from one that did not.
-		retry.args = append(slices.Clone(retry.args[:9]), "1")
+		retry.args = slices.Clone(retry.args)
+		retry.args[9] = "1"
 	case retry.early:
 		// lock_handoff's ARGV[7], the same (its direct-grant arguments follow).
 		retry.args = slices.Clone(retry.args)

@@ -688,19 +688,19 @@ func TestMachineFairEarlyHandoff(t *testing.T) {
 	t.Run("reply 3 makes the next handoff early", func(t *testing.T) {
 		h, b, c := setup(t)
 		call, f := handOff(t, h, 1)
-		if call.early || call.args[7] != "0" || call.args[8] != "cid:3" || call.next != c.id {
-			t.Fatalf("first handoff: early %v, args %v, next %d; want a plain handoff naming cid:3 next", call.early, call.args, call.next)
+		if call.early || call.args[7] != "0" || call.args[8] != "cid:3" || !slices.Equal(call.run, []uint64{c.id}) {
+			t.Fatalf("first handoff: early %v, args %v, run %v; want a plain handoff naming cid:3 next", call.early, call.args, call.run)
 		}
 		mustPending(t, "b before the reply", b.future)
 		h.reply(call, replyInt(3), nil)
 		mustGranted(t, "a's unlock", f)
 		mustGranted(t, "b", b.future)
-		if h.lock("L").fairHead != c.id {
-			t.Fatalf("fairHead %d, want c (%d)", h.lock("L").fairHead, c.id)
+		if run := h.lock("L").fairRun; !slices.Equal(run, []uint64{c.id}) {
+			t.Fatalf("fairRun %v, want c (%d)", run, c.id)
 		}
 
 		call, f = handOff(t, h, 2)
-		if !call.early || call.args[7] != "1" || call.args[8] != "" || len(call.args) != 9 {
+		if !call.early || call.args[7] != "1" || call.args[8] != "" || len(call.args) != 11 || call.args[10] != "0" {
 			t.Fatalf("second handoff: early %v, args %v; want early, no next waiter", call.early, call.args)
 		}
 		if len(c.future.C()) != 1 {
@@ -709,7 +709,9 @@ func TestMachineFairEarlyHandoff(t *testing.T) {
 		mustPending(t, "b's unlock before the reply", f)
 		h.reply(call, scripts.Reply{}, errConn)
 		retry := h.take().one(t, scripts.FairHandoff)
-		if want := append(slices.Clone(call.args), "1"); !retry.retried || !slices.Equal(retry.args, want) {
+		want := slices.Clone(call.args)
+		want[9] = "1"
+		if !retry.retried || !slices.Equal(retry.args, want) {
 			t.Fatalf("retry args %v (retried %v), want %v", retry.args, retry.retried, want)
 		}
 		h.reply(retry, replyInt(2), nil)
@@ -777,8 +779,8 @@ func TestMachineFairEarlyHandoff(t *testing.T) {
 		call, _ := handOff(t, h, 1)
 		h.reply(call, replyInt(2), nil) // someone else heads the queue now
 		mustGranted(t, "b", b.future)
-		if h.lock("L").fairHead != 0 {
-			t.Fatalf("fairHead %d after reply 2, want 0", h.lock("L").fairHead)
+		if run := h.lock("L").fairRun; len(run) != 0 {
+			t.Fatalf("fairRun %v after reply 2, want none", run)
 		}
 		call, _ = handOff(t, h, 2)
 		if call.early || call.args[7] != "0" {

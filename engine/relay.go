@@ -66,7 +66,7 @@ type relay struct {
 // relayUnlock relays an Unlock of the holder granted by the early handoff in flight
 // (or by the relay on it) to the next local waiter, and reports whether it did.
 func (m *machine) relayUnlock(l *lockState, msg unlockMsg, now time.Time) bool {
-	if l.fair != nil || !l.handingOff {
+	if !l.handingOff {
 		return false
 	}
 	key := holdKey{l.id, msg.owner}
@@ -79,11 +79,18 @@ func (m *machine) relayUnlock(l *lockState, msg unlockMsg, now time.Time) bool {
 		return false // not the relay's tail: not a hold the call in flight covers
 	}
 	// What a handoff would grant (h the only holder, with a count of 1; no owner
-	// giving back), early, below the chain bound; and not a waiter registered for
-	// direct grants, whose registration a call must drop.
+	// giving back), early: for a reentrant lock below the chain bound, and not to
+	// a waiter registered for direct grants, whose registration a call must drop;
+	// for a fair lock, to the waiter the run says heads the queue now (fairrun.go).
 	w := m.localTarget(l, h)
-	if w == nil || m.chainBound(l, now) || !m.canGrantEarly(l, h, w, false, now) || w.registered {
+	if w == nil || !m.canGrantEarly(l, h, w, false, now) {
 		return false
+	}
+	if l.fair == nil && (m.chainBound(l, now) || w.registered) {
+		return false
+	}
+	if l.fair != nil {
+		l.fairRun = l.fairRun[1:]
 	}
 	if r == nil {
 		r = &relay{from: key, fromField: h.field, fromLease: h.lease}
@@ -112,8 +119,9 @@ func (m *machine) endRelay(l *lockState, r *relay, d scriptDone, handedOver bool
 		m.abandon(l, r.from.owner, r.fromField, 0)
 	}
 	tail := m.holdByID[r.tailHold]
+	followed := err == nil && tail != nil && !m.closing
 	switch {
-	case err == nil && tail != nil && !m.closing:
+	case followed:
 		m.followUp(l, r, tail)
 	default:
 		if tail != nil {
@@ -128,7 +136,13 @@ func (m *machine) endRelay(l *lockState, r *relay, d scriptDone, handedOver bool
 			// if the release finds it.
 			m.cleanUp(l, abandonMsg{lock: l.id, owner: r.from.owner, field: r.fromField, relayed: r})
 		}
+		if l.fair != nil {
+			m.leaveRelayed(l, r)
+		}
 		m.releaseRelayed(r.tail, now)
+	}
+	if l.fair != nil && followed {
+		return // the follow-up's reply frees the owners in between (fairrun.go)
 	}
 	// The owners in between wait no longer: nothing of theirs is on the server. The
 	// follow-up went first, so the attempts this may start find the lock handed on.
@@ -142,7 +156,7 @@ func (m *machine) endRelay(l *lockState, r *relay, d scriptDone, handedOver bool
 func (m *machine) followUp(l *lockState, r *relay, tail *hold) {
 	m.markBusy(r.from) // the receiver's field is on the server until the follow-up runs
 	l.handingOff = true
-	m.run(scriptCall{
+	call := scriptCall{
 		script: scripts.LockHandoff,
 		keys:   l.releaseKeys,
 		args: []string{r.fromField, m.leaseText(r.fromLease), tail.field, m.leaseText(tail.lease), "0", unlockMessage, "0",
@@ -155,7 +169,14 @@ func (m *machine) followUp(l *lockState, r *relay, tail *hold) {
 		serial:   true,
 		early:    true,
 		relayed:  r,
-	})
+	}
+	if l.fair != nil {
+		call.script = scripts.FairHandoff
+		call.keys = l.fair.keys
+		call.args, call.run = m.fairHandoffArgs(r.fromField, r.fromLease, tail.field, tail.lease, true,
+			m.relayedFields(r), l.queue.head, m.now)
+	}
+	m.run(call)
 }
 
 // relayOutcome is what the reply d of a call that answers a relay (relayed) says

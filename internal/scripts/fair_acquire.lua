@@ -7,7 +7,9 @@
 -- ARGV[2]  owner field
 -- ARGV[3]  wait allowance in milliseconds (the fair wait timeout)
 -- ARGV[4]  now, milliseconds since the epoch, from the caller's wall clock
--- ARGV[5]  "1": a single try that never queues; "0": queue when the lock is taken
+-- ARGV[5]  "1": a single try that never queues; "0": queue when the lock is taken;
+--          "2": queue, and never take (a lock found free is left to the head
+--          that a release wakes, or to the caller's next attempt)
 -- ARGV[6]  optional: "<lease ms>:<waiter id>" registers the owner, once queued, for
 --          a direct grant; absent or "" does not
 -- ARGV[7]  optional: "1" when the caller knows of no hold of the owner, so a hold
@@ -33,7 +35,7 @@ local register = ARGV[6] or ''
 
 local head = purge_stale(KEYS[2], KEYS[3], KEYS[4], now)
 
-if redis.call('exists', KEYS[1]) == 0 then
+if ARGV[5] ~= '2' and redis.call('exists', KEYS[1]) == 0 then
     if head == false or head == ARGV[2] then
         if head == ARGV[2] then
             pop_head(KEYS[2], KEYS[3], KEYS[4], ARGV[2], now, wait)

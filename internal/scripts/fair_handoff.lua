@@ -55,10 +55,6 @@ if not count then
     if ARGV[10] == '1' and redis.call('hexists', KEYS[1], ARGV[3]) == 1 then
         return 2
     end
-    if relayed > 0 and redis.call('exists', KEYS[1]) == 0 then
-        -- The relayed owners headed the queue: whoever heads it now is told.
-        pass_on(head, KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[7])
-    end
     return nil
 end
 if count ~= '1' and redis.call('hincrby', KEYS[1], ARGV[1], -1) > 0 then

@@ -124,6 +124,9 @@ func (e *env) fairAcquireCase(t *testing.T, f fair, c fairCase) scripts.Reply {
 	if c.single {
 		single = "1"
 	}
+	if c.joinOnly {
+		single = "2"
+	}
 	if c.claim {
 		claim = "1"
 	}
@@ -133,14 +136,15 @@ func (e *env) fairAcquireCase(t *testing.T, f fair, c fairCase) scripts.Reply {
 
 // fairCase is the shape shared by the fair scripts' table tests.
 type fairCase struct {
-	name   string
-	hash   string // the lock's hash before the call ("" = free)
-	pttl   int64  // its PTTL in ms (0: 20000; -1: no expiry)
-	queue  string // the queue before the call (see setQueue)
-	owner  string
-	at     int64  // now - t0
-	single bool   // fair_acquire's ARGV[5]
-	grants string // the direct-grants hash before the call, as "B=45000:7"
+	name     string
+	hash     string // the lock's hash before the call ("" = free)
+	pttl     int64  // its PTTL in ms (0: 20000; -1: no expiry)
+	queue    string // the queue before the call (see setQueue)
+	owner    string
+	at       int64  // now - t0
+	single   bool   // fair_acquire's ARGV[5] "1"
+	joinOnly bool   // fair_acquire's ARGV[5] "2"
+	grants   string // the direct-grants hash before the call, as "B=45000:7"
 	// fair_acquire's ARGV[6] and ARGV[7]: the registration for a direct grant, and a
 	// claim of an unheard one.
 	register string
@@ -266,6 +270,14 @@ func TestFairAcquire(t *testing.T) {
 		{name: "single try, reentry", hash: "B=1", owner: "B", single: true, want: "nil", wantHash: "B=2", wantLease: lease},
 		{name: "single try by the head of a free lock", queue: "B:+25000 C:+30000", owner: "B", single: true,
 			want: "nil", wantHash: "B=1", wantQueue: "C:+5000", wantLease: lease},
+
+		// join only
+		{name: "join only, free lock, empty queue: queued, not taken", owner: "B", joinOnly: true,
+			want: "-2", wantQueue: "B:+4998"}, // the deadline is PTTL (-2) + allowance
+		{name: "join only, held: queued as usual", hash: "A=1", owner: "B", joinOnly: true,
+			want: "pttl", wantHash: "A=1", wantQueue: "B:+%d"},
+		{name: "join only, reentry still re-enters", hash: "B=1", owner: "B", joinOnly: true,
+			want: "nil", wantHash: "B=2", wantLease: lease},
 
 		// moving up on acquisition
 		// O(1) per grant: only the new head's deadline comes down, to at most now +
@@ -530,9 +542,9 @@ func TestFairHandoff(t *testing.T) {
 			queue: "C:+20000 D:+25000 R:+30000 N:+35000 X:+40000", grants: "C=45000:3 R=45000:4", owner: "A",
 			want: "3", wantHash: "R=1", wantQueue: "N:+5000 X:+40000", wantLease: leaseB},
 			early: true, next: "N", relayed: []string{"C", "D"}, run: []string{"Y"}},
-		{fairCase: fairCase{name: "relayed fields leave even when nothing is handed over; the new head is woken", hash: "",
+		{fairCase: fairCase{name: "relayed fields leave even when nothing is handed over", hash: "",
 			queue: "C:+20000 R:+30000 X:+40000", owner: "A",
-			want: "nil", wantQueue: "R:+30000 X:+40000", wantWake: []string{"R"}},
+			want: "nil", wantQueue: "R:+30000 X:+40000"},
 			early: true, relayed: []string{"C"}},
 		{fairCase: fairCase{name: "a relayed field behind the head leaves too", hash: "X=1",
 			queue: "X:+20000 C:+25000 R:+30000", owner: "A",
