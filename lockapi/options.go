@@ -89,10 +89,10 @@ type Options struct {
 	// the README's "Fairness within a process"). Larger bounds cross between
 	// processes less often (each crossing idles the lock for a wake-up of another
 	// process); smaller ones let other processes in sooner. A fair lock's handoffs
-	// follow its Redis queue and are not bounded by them. Defaults
+	// follow its Redis queue, so the bounds do not apply to them. Defaults
 	// DefaultHandoffChain and DefaultHandoffAge; a negative HandoffChain turns
-	// local handoffs off (every release goes through Redis to all waiters); a
-	// negative HandoffAge is invalid.
+	// local handoffs off for both kinds of lock (every release goes through
+	// Redis); a negative HandoffAge is invalid.
 	HandoffChain int
 	HandoffAge   time.Duration
 }
