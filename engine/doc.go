@@ -30,9 +30,10 @@
 // same process, one script hands the lock over without a pub/sub hop, bounded so
 // other processes' waiters are not starved, and below that bound the next waiter
 // is granted as the Unlock arrives, under the releaser's lease, before the script's
-// reply confirms the swap (handoff.go); on the reentrant lock, holders that unlock
-// before that reply pass the lock on with no call at all, and one follow-up call
-// moves it to the last of them (relay.go). A waiter in another process is granted by
+// reply confirms the swap (handoff.go); holders that unlock before that reply pass
+// the lock on with no call at all, and one follow-up call moves it to the last of
+// them (relay.go; the fair lock down the run of its waiters that the last reply
+// says head the Redis queue, fairrun.go). A waiter in another process is granted by
 // the release itself when its client registered it, and hears of it on its
 // client's grant channel, with no call of its own (directgrant.go; the fair lock's
 // own in fair.go). Grants are completed after the step's I/O

@@ -39,10 +39,12 @@ import (
 //     delete the new queue entry (both use the owner's field).
 //   - A local handoff needs no bound: the script hands over only when the local
 //     waiter is the Redis queue's head, so it never jumps the queue. Its reply
-//     also says whether the next local waiter heads the queue now (lockState.
-//     fairHead); the handoff to that one grants early (see handoff.go), and tells
-//     the script to hand over whatever it finds, so a belief made stale by a purge
-//     can cost FIFO once, never exclusion.
+//     also says how many of the next local waiters head the queue now, in order
+//     (lockState.fairRun, fairrun.go); the handoff to the first grants early (see
+//     handoff.go), and tells the script to hand over whatever it finds, so a
+//     belief made stale by a purge can cost FIFO once, never exclusion; holders
+//     that unlock before that handoff's reply relay the lock down the run with
+//     no call (relay.go, fairrun.go).
 //   - Direct grants (internal/scripts/fair_lib.lua): a queued waiter registers its
 //     lease and id in leash_lock_grants:{name}, and a release whose head registered
 //     gives it the lock in the same call and publishes "leash:grant:<id>" on its
