@@ -45,17 +45,16 @@ const maxFairRun = 32
 
 // fairHandoffArgs builds fair_handoff's ARGV for a handoff from fromField to
 // toField (early: granted already), with the relayed fields that leave the queue
-// first, and the run: the enqueued local waiters from start on, in order. It
-// returns the args and the run's waiter ids.
+// first, and the run: the enqueued local waiters from start on, in order, up to
+// the first that is not (the rest have not joined yet, or wait behind one that
+// has not). It returns the args and the run's waiter ids.
 func (m *machine) fairHandoffArgs(fromField string, fromLease time.Duration, toField string, toLease time.Duration,
 	early bool, relayed []string, start *waiter, now time.Time) ([]string, []uint64) {
 	var run []uint64
 	var fields []string
-	for v := start; v != nil && len(run) < maxFairRun; v = v.next {
-		if v.enqueued {
-			run = append(run, v.id)
-			fields = append(fields, m.waiterField(v))
-		}
+	for v := start; v != nil && v.enqueued && len(run) < maxFairRun; v = v.next {
+		run = append(run, v.id)
+		fields = append(fields, m.waiterField(v))
 	}
 	earlyFlag, first := "0", ""
 	if early {
@@ -73,7 +72,7 @@ func (m *machine) fairHandoffArgs(fromField string, fromLease time.Duration, toF
 }
 
 // handedOver reports whether handoff reply d says the lock passed to the call's
-// receiver: lock_handoff's 2 or 3, fair_handoff's 2 + n.
+// receiver: lock_handoff's 2, fair_handoff's 2 + n.
 func handedOver(d scriptDone) bool {
 	switch {
 	case d.err != nil || d.reply.Nil:
@@ -81,7 +80,7 @@ func handedOver(d scriptDone) bool {
 	case d.call.script == scripts.FairHandoff:
 		return d.reply.Int >= 2
 	}
-	return d.reply.Int == 2 || d.reply.Int == 3
+	return d.reply.Int == 2
 }
 
 // noteFairRun records what a fair handoff's reply d, which handed over, says of
@@ -114,15 +113,24 @@ func (m *machine) relayedFields(r *relay) []string {
 	return fields
 }
 
-// fairFollowUpDone ends the wait of a fair relay's holders in between once the
-// follow-up d that took their entries out of the Redis queue is answered; after
-// two transport errors it may not have run, and they leave.
-func (m *machine) fairFollowUpDone(l *lockState, d scriptDone, now time.Time) {
-	r := d.call.relayed
+// fairFollowUpLeaves makes a fair relay's holders in between leave the Redis
+// queue when its follow-up d did not hand over: after two transport errors it may
+// not have run; and a release that found the lock free (a force-release took it
+// from the relay's receiver) may have granted one of them directly, at the head,
+// before the follow-up took their entries out. The leave gives such a grant back.
+func (m *machine) fairFollowUpLeaves(l *lockState, d scriptDone) {
+	if handedOver(d) {
+		return
+	}
+	for _, owner := range d.call.relayed.between {
+		m.fairLeaveOwner(l, owner, ownerField(m.cfg.clientID, owner))
+	}
+}
+
+// releaseBetween ends the wait of a fair relay's holders in between once its
+// follow-up is answered (and their leaves, if any, sent).
+func (m *machine) releaseBetween(l *lockState, r *relay, now time.Time) {
 	for _, owner := range r.between {
-		if d.err != nil {
-			m.fairLeaveOwner(l, owner, ownerField(m.cfg.clientID, owner))
-		}
 		m.releaseRelayed(holdKey{l.id, owner}, now)
 	}
 }

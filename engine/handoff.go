@@ -205,7 +205,7 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		}
 		d.call.unlock.Complete(d.err)
 		if w != nil {
-			if len(d.call.args) > 9 && d.call.args[9] != "" {
+			if d.call.script == scripts.LockHandoff && len(d.call.args) > 9 && d.call.args[9] != "" {
 				w.registered = true // the script may have run: a leave then removes it
 			}
 			m.attemptFailed(w, d.err, now)
@@ -305,7 +305,7 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		// lock was lost meanwhile.
 		m.answerRelay(d.call.relayed, relayOutcome(d, d.reply.Nil))
 		if l != nil && l.fair != nil {
-			m.fairFollowUpDone(l, d, now)
+			m.fairFollowUpLeaves(l, d)
 		}
 	}
 	swapped := false
@@ -369,6 +369,10 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 	m.sendWaitingCleanups(d.call.lock, d.call.receiver)
 	if r != nil && l != nil {
 		m.endRelay(l, r, d, swapped, now)
+	}
+	if d.call.relayed != nil && l != nil && l.fair != nil {
+		// After endRelay: a follow-up it sent goes before anything this starts.
+		m.releaseBetween(l, d.call.relayed, now)
 	}
 	if l != nil && l.fair != nil && !swapped {
 		// Nothing was handed over (or, after two transport errors, maybe not): the

@@ -222,6 +222,66 @@ func TestMachineFairRelay(t *testing.T) {
 		}
 	})
 
+	t.Run("the follow-up finds the receiver's field gone: the relayed in between leave", func(t *testing.T) {
+		// A force-release took the lock, and a release that found it free may have
+		// granted owner 4, still at the queue's head, directly: its leave gives
+		// such a grant back.
+		h, c, _, unlocks := fairRelaySetup(t)
+		h.reply(c, replyInt(2+2), nil)
+		fu := h.take().one(t, scripts.FairHandoff)
+		h.reply(fu, replyNil, nil)
+		for _, f := range unlocks {
+			if err := mustGet(t, "relayed Unlock", f); !errors.Is(err, ErrLockLost) {
+				t.Fatalf("relayed Unlock = %v, want ErrLockLost", err)
+			}
+		}
+		var leave4 *scriptCall
+		s := h.take()
+		for _, l := range s.calls(scripts.FairLeave) {
+			if l.args[0] == "cid:4" {
+				leave4 = &l
+			}
+		}
+		if leave4 == nil || leave4.args[4] != "1" {
+			t.Fatalf("leaves %v; want cid:4's, giving back a grant it did not hear of", leavesOf(s))
+		}
+		if h.busy(4) {
+			t.Fatal("owner 4 still busy")
+		}
+	})
+
+	t.Run("the owners in between are freed after the next follow-up is sent", func(t *testing.T) {
+		h, c, _, _ := fairRelaySetup(t, 6, 7)
+		h.reply(c, replyInt(2+4), nil)
+		fu := h.take().one(t, scripts.FairHandoff)
+		h.acquireFair("L", 4) // owner 4 was relayed on in between: its Lock waits
+		h.unlock("L", 5)      // relayed to owner 6 during the follow-up
+		h.take().none(t)
+		h.reply(fu, replyInt(2+2), nil)
+		s := h.take()
+		iHand, iJoin := -1, -1
+		for i, call := range s.scripts {
+			switch {
+			case call.script == scripts.FairHandoff && iHand < 0:
+				iHand = i
+			case call.script == scripts.FairAcquire && call.args[1] == "cid:4":
+				iJoin = i
+				if call.args[4] != "2" {
+					t.Errorf("owner 4's join %v while the next follow-up is in flight; want join-only", call.args)
+				}
+			}
+		}
+		if iHand < 0 || iJoin < 0 || iJoin < iHand {
+			t.Fatalf("calls %v; want the next follow-up, then owner 4's join", s)
+		}
+		// Owner 6 unlocks during that follow-up: owner 7 is next in the run.
+		h.unlock("L", 6)
+		h.take().none(t)
+		if h.hold("L", 7) == nil {
+			t.Fatal("owner 7 not relayed to")
+		}
+	})
+
 	t.Run("the follow-up fails twice: the relayed in between leave", func(t *testing.T) {
 		h, c, _, unlocks := fairRelaySetup(t)
 		h.reply(c, replyInt(2+2), nil)
@@ -246,4 +306,27 @@ func TestMachineFairRelay(t *testing.T) {
 			t.Fatal("owner 4 still busy")
 		}
 	})
+}
+
+// A plain fair handoff that fails does not mark its waiter registered for the
+// reentrant lock's direct grants, whose leave (lock_leave) a fair lock never runs.
+func TestMachineFairHandoffFailureNoRegistration(t *testing.T) {
+	h := newMH(t)
+	h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyNil, nil)
+	h.take()
+	w := h.acquireFair("L", 2)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+	h.take()
+	h.unlock("L", 1)
+	call := h.take().one(t, scripts.FairHandoff)
+	if call.early {
+		t.Fatal("the first handoff is early")
+	}
+	h.reply(call, scripts.Reply{}, errConn)
+	h.take()
+	h.cancelCtx(w)
+	if got := h.take().calls(scripts.LockLeave); len(got) != 0 {
+		t.Fatalf("lock_leave on a fair lock: %v", got[0].args)
+	}
 }

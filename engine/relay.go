@@ -20,7 +20,9 @@ import (
 // and go while the call is in flight all run under that one field; the relay
 // records them. When the reply comes:
 //
-//   - handed over: one follow-up lock_handoff moves the lock from the receiver's
+//   - handed over: one follow-up handoff (lock_handoff; fair_handoff for the fair
+//     lock, which also takes the holders in between out of the Redis queue, see
+//     fairrun.go) moves the lock from the receiver's
 //     field to the field of the holder at the relay's end (the tail), granting it
 //     early as any handoff does; holders that come and go while the follow-up is
 //     in flight form the next relay. The follow-up's reply answers the relayed
@@ -32,22 +34,25 @@ import (
 //   - not handed over (the releasing owner's field was gone: a force-release; its
 //     surplus; or a transport error twice): no relayed hold ever had a field on the
 //     server. Their Unlocks return ErrLockLost (or the error) at once, and the
-//     tail's hold is lost, as the receiver's is without a relay.
+//     tail's hold is lost, as the receiver's is without a relay. A fair lock's
+//     relayed holders then leave the Redis queue (fair_leave).
 //
 // Relayed holders whose Unlock failed have their Lost signals closed. So a chain of
 // N short holds costs one call per round trip instead of one per handoff, and each
 // relayed Unlock returns within two round trips. A relay grants only what a local
-// handoff would: a plain lock below the chain bound, a waiter of another owner with
-// nothing held, in flight or being given back, and enough lease left
-// (canGrantEarly); and not a waiter registered for direct grants, whose
-// registration a call must drop. The chain bound counts relayed handoffs, so other
-// processes' waiters wait no longer than before.
+// handoff would: a waiter of another owner with nothing held, in flight or being
+// given back, and enough lease left (canGrantEarly); for the reentrant lock below
+// the chain bound, and not a waiter registered for direct grants, whose
+// registration a call must drop (the chain bound counts relayed handoffs, so other
+// processes' waiters wait no longer than before); for the fair lock, the waiter
+// the last reply's run says heads the Redis queue now (fairrun.go).
 //
 // The owners whose calls wait: the receiver's until the follow-up's reply (its
 // field is on the server until then, and a re-entry of it would count on the lock
 // the follow-up hands over), the holders' in between until the reply that ends the
-// relay (nothing of theirs is ever on the server), and the tail's until the
-// follow-up's.
+// relay (nothing of theirs is ever on the server) or, for the fair lock, until the
+// follow-up's (their queue entries are, until it takes them out), and the tail's
+// until the follow-up's.
 
 // relay is the state of the local holders granted while one early handoff is in
 // flight (lockState.relay).
@@ -144,8 +149,9 @@ func (m *machine) endRelay(l *lockState, r *relay, d scriptDone, handedOver bool
 	if l.fair != nil && followed {
 		return // the follow-up's reply frees the owners in between (fairrun.go)
 	}
-	// The owners in between wait no longer: nothing of theirs is on the server. The
-	// follow-up went first, so the attempts this may start find the lock handed on.
+	// The owners in between wait no longer: nothing of theirs is on the server (a
+	// fair lock's queue entries have been sent their leaves). The follow-up went
+	// first, so the attempts this may start find the lock handed on.
 	for _, owner := range r.between {
 		m.releaseRelayed(holdKey{l.id, owner}, now)
 	}

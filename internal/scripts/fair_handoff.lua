@@ -35,7 +35,7 @@
 --        new head is ARGV[9]).
 --
 -- The caller believes the receiver heads the queue when the reply that made it
--- the head said so (3): nothing can join ahead of a head, so only a purge can
+-- the head said so (2 + n, n >= 1): nothing can join ahead of a head, so only a purge can
 -- make that wrong, by a stale deadline (a clock far ahead of the others', or a
 -- waiter gone quiet for the whole wait allowance). Then the receiver jumps the
 -- queue, once: FIFO already rests on synced clocks, while two holders at once
