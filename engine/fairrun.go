@@ -35,9 +35,9 @@ import (
 // lock's are freed at the reply before): their next Lock joins the queue under
 // the same field, so it must reach Redis after the follow-up has taken their old
 // entry out. When no follow-up runs (the handoff failed, the tail's hold ended,
-// the client is closing), or it failed twice on the connection, their entries and
-// the tail's leave the queue with fair_leave, as a receiver's does after a failed
-// handoff.
+// the client is closing), or it handed nothing over (its reply nil or 0, or a
+// transport error twice), their entries and the tail's leave the queue with
+// fair_leave, as a receiver's does after a failed handoff.
 
 // maxFairRun bounds a fair handoff's run: the queue's front one call can confirm,
 // and so the relays one round trip can make.

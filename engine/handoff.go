@@ -367,18 +367,20 @@ func (m *machine) onEarlyHandoffDone(d scriptDone, now time.Time) {
 		l.fairRun = nil
 	}
 	m.sendWaitingCleanups(d.call.lock, d.call.receiver)
+	if l != nil && l.fair != nil && !swapped {
+		// Nothing was handed over (or, after two transport errors, maybe not): the
+		// receiver's entry may still head the Redis queue, and its waiter is done.
+		// It leaves, so the queue moves on at once rather than at its deadline;
+		// before anything below frees an owner whose next attempt would find that
+		// entry ahead of it.
+		m.fairLeaveOwner(l, d.call.receiver, d.call.args[2])
+	}
 	if r != nil && l != nil {
 		m.endRelay(l, r, d, swapped, now)
 	}
 	if d.call.relayed != nil && l != nil && l.fair != nil {
 		// After endRelay: a follow-up it sent goes before anything this starts.
 		m.releaseBetween(l, d.call.relayed, now)
-	}
-	if l != nil && l.fair != nil && !swapped {
-		// Nothing was handed over (or, after two transport errors, maybe not): the
-		// receiver's entry may still head the Redis queue, and its waiter is done.
-		// It leaves, so the queue moves on at once rather than at its deadline.
-		m.fairLeaveOwner(l, d.call.receiver, d.call.args[2])
 	}
 	if l != nil {
 		m.advance(l, now)
