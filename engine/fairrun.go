@@ -119,16 +119,14 @@ func (m *machine) relayedFields(r *relay) []string {
 // from the relay's receiver) may have granted one of them directly, at the head,
 // before the follow-up took their entries out. The leave gives such a grant back.
 func (m *machine) fairFollowUpLeaves(l *lockState, d scriptDone) {
-	if handedOver(d) {
-		return
-	}
-	for _, owner := range d.call.relayed.between {
-		m.fairLeaveOwner(l, owner, ownerField(m.cfg.clientID, owner))
+	if !handedOver(d) {
+		m.leaveOwners(l, d.call.relayed.between)
 	}
 }
 
-// releaseBetween ends the wait of a fair relay's holders in between once its
-// follow-up is answered (and their leaves, if any, sent).
+// releaseBetween ends the wait of a relay's holders in between: at the reply
+// that ends the relay, or for a fair lock once its follow-up is answered (and
+// their leaves, if any, sent).
 func (m *machine) releaseBetween(l *lockState, r *relay, now time.Time) {
 	for _, owner := range r.between {
 		m.releaseRelayed(holdKey{l.id, owner}, now)
@@ -138,7 +136,12 @@ func (m *machine) releaseBetween(l *lockState, r *relay, now time.Time) {
 // leaveRelayed takes the entries of a fair relay's holders, in between and at
 // its tail, out of the Redis queue when no follow-up will.
 func (m *machine) leaveRelayed(l *lockState, r *relay) {
-	for _, owner := range append(slices.Clip(r.between), r.tail.owner) {
+	m.leaveOwners(l, append(slices.Clip(r.between), r.tail.owner))
+}
+
+// leaveOwners takes the owners' entries out of l's Redis queue (fair_leave).
+func (m *machine) leaveOwners(l *lockState, owners []uint64) {
+	for _, owner := range owners {
 		m.fairLeaveOwner(l, owner, ownerField(m.cfg.clientID, owner))
 	}
 }

@@ -152,9 +152,7 @@ func (m *machine) endRelay(l *lockState, r *relay, d scriptDone, handedOver bool
 	// The owners in between wait no longer: nothing of theirs is on the server (a
 	// fair lock's queue entries have been sent their leaves). The follow-up went
 	// first, so the attempts this may start find the lock handed on.
-	for _, owner := range r.between {
-		m.releaseRelayed(holdKey{l.id, owner}, now)
-	}
+	m.releaseBetween(l, r, now)
 }
 
 // followUp sends the call that moves the lock from the relay's receiver to its
