@@ -1,11 +1,12 @@
 // Package engine owns all lock state of a leash client: per-lock waiter queues, the
 // acquire attempt in flight, held locks and their watchdog renewals. Every mutation
 // of that state happens under one mutex, held by the engine goroutine (the loop)
-// for each round of messages, and by nobody across I/O. The one exception to
-// "the loop steps the machine": a Lock or Unlock made while the loop is idle steps
-// the machine on its own goroutine, runs its one script call there and steps the
+// for each round of messages, and by nobody across I/O. Two exceptions to "the
+// loop steps the machine": a Lock or Unlock made while the loop is idle steps the
+// machine on its own goroutine, runs its one script call there and steps the
 // reply too (Engine.tryDirect), so that an uncontended lock costs its round trips
-// and no goroutine hand-off.
+// and no goroutine hand-off; and a batch's sender steps the machine with the
+// batch's replies itself (Engine.sender).
 //
 // The package is split the way etcd's raft splits node.go from rawnode.go:
 //
@@ -15,13 +16,14 @@
 //     complete, timers to arm, channels to subscribe) to an effects list;
 //   - Engine (engine.go) is the thin loop: it receives messages, calls the machine,
 //     and carries out the effects. Redis I/O never runs on the loop goroutine: the
-//     pending script calls go out as one batch on one short-lived goroutine, merged
-//     into few script calls (scripts.RunBatch), at most two batches in flight (see
+//     pending script calls go out as one batch on a sender goroutine, merged into
+//     few script calls (scripts.RunBatch), at most two batches in flight (see
 //     maxSends); a call alone in flight takes the runner's dedicated connection
-//     (scripts.RunLone). Replies, timer firings, unlock
-//     messages and cancellations come back through a mailbox that never blocks its
-//     sender, so the loop never waits on anyone and nobody waits on the loop for
-//     long.
+//     (scripts.RunLone). The sender steps the machine with the replies and sends
+//     what is pending by then, and ends when nothing is. Timer firings, unlock
+//     messages and cancellations come back through a mailbox that never blocks
+//     its sender, so the loop never waits on anyone and nobody waits on the loop
+//     for long.
 //
 // Fairness and cost, the short version (the long one sits next to the code):
 // waiters of one lock queue FIFO in their process; one unlock message lets exactly

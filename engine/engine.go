@@ -13,8 +13,7 @@ import (
 )
 
 // Subscriber is the pub/sub registry as the engine uses it (package pubsub
-// implements it). The engine calls it from short-lived I/O goroutines, never from
-// the loop.
+// implements it). The engine calls it from I/O goroutines, never from the loop.
 type Subscriber interface {
 	// Subscribe subscribes channel and returns once messages on it will be
 	// delivered, or with an error; after an error the channel may still be
@@ -112,7 +111,7 @@ type Engine struct {
 	inflight  int            // I/O calls not yet answered
 	// pending holds script calls waiting for a send slot, and sends counts the
 	// batches in flight, a caller's own call included (both under mu; see
-	// sendPending and takeLone).
+	// takePending and takeLone).
 	pending []scriptCall
 	sends   int
 	// spare is an answered batch's backing array, emptied, for the next pending
@@ -151,22 +150,16 @@ const (
 // slots did about as well as each other.
 const maxSends = 2
 
-// sendDone: a batch sent by sendPending has been answered (posted after its
-// scriptDone or batchDone message).
-type sendDone struct{}
-
-func (sendDone) isMessage() {}
-
-// wakeMsg only wakes the loop: a caller answered the last call in flight of a
-// closing engine (runDirect), and the loop may return.
+// wakeMsg only wakes the loop: a caller (runDirect) or a sender answered the last
+// call in flight of a closing engine, and the loop may return.
 type wakeMsg struct{}
 
 func (wakeMsg) isMessage() {}
 
 // batchDone: the calls of a merged batch (doBatch) returned, results[i] being
-// calls[i]'s. One message for the whole batch, rather than a scriptDone per call,
-// saves the mailbox a boxed reply per call; the loop hands each to the machine as
-// its scriptDone (done) and then keeps calls' backing array (recycle).
+// calls[i]'s. One message for the whole batch, rather than a scriptDone per call:
+// its sender (Engine.step) hands each to the machine as its scriptDone (done) and
+// then keeps calls' backing array (recycle).
 type batchDone struct {
 	calls   []scriptCall
 	results []scripts.Result
@@ -526,9 +519,6 @@ func (e *Engine) request(msg message, now time.Time) {
 // under mu.
 func (e *Engine) step(msg message, now time.Time) {
 	switch msg := msg.(type) {
-	case sendDone:
-		e.sends--
-		return
 	case wakeMsg:
 		return
 	case batchDone:
@@ -649,8 +639,18 @@ func (e *Engine) runDirect(ctx context.Context, msg message, lone scripts.LoneRu
 	e.mu.Unlock()
 }
 
-// apply carries out the machine's effects.
+// apply carries out the machine's effects, starting a sender for the pending
+// calls if a send slot is free.
 func (e *Engine) apply() {
+	if job, ok := e.applyKeeping(); ok {
+		e.ioWG.Add(1)
+		go e.sender(job)
+	}
+}
+
+// applyKeeping is apply for a sender: pending calls that may go now are returned
+// for the caller to send (the slot counted), instead of starting a sender.
+func (e *Engine) applyKeeping() (sendJob, bool) {
 	fx := &e.m.fx
 	for _, op := range fx.timers {
 		if op.cancel {
@@ -659,9 +659,13 @@ func (e *Engine) apply() {
 			e.scheduler.Schedule(op.key, op.d)
 		}
 	}
+	var (
+		job  sendJob
+		send bool
+	)
 	if _, ok := e.runner.(scripts.BatchRunner); ok {
 		e.pending = append(e.pending, fx.scripts...)
-		e.sendPending()
+		job, send = e.takePending()
 	} else {
 		// A runner without batches (the tests' fakes): every call at once.
 		for _, call := range fx.scripts {
@@ -677,36 +681,66 @@ func (e *Engine) apply() {
 	}
 	e.m.flushGrants() // after the I/O goroutines: see machine.deliver
 	fx.reset()
+	return job, send
 }
 
-// sendPending sends the pending calls as one batch if a send slot is free (see
-// maxSends): one goroutine and one pipelined write for all of them, merged by the
-// runner into few script calls.
-func (e *Engine) sendPending() {
+// sendJob is a batch of calls taken from pending for one send slot.
+type sendJob struct {
+	batch []scriptCall
+	// lone is the runner's lone lane when the batch is one call and nothing else is
+	// in flight (a dedicated connection read on the sender's goroutine: at most one
+	// call uses it at a time); nil otherwise.
+	lone scripts.LoneRunner
+}
+
+// takePending takes the pending calls as one batch if a send slot is free (see
+// maxSends), counting it and its calls in flight. Called under mu.
+func (e *Engine) takePending() (sendJob, bool) {
 	if len(e.pending) == 0 || e.sends >= maxSends {
-		return
+		return sendJob{}, false
 	}
-	batch := e.pending
+	job := sendJob{batch: e.pending}
 	e.pending, e.spare = e.spare, nil
-	// A call alone in flight takes the runner's lone lane (a dedicated connection
-	// read on this goroutine) when it has one: at most one call uses it at a time.
-	lone, hasLone := e.runner.(scripts.LoneRunner)
-	hasLone = hasLone && len(batch) == 1 && e.sends == 0
+	if lone, ok := e.runner.(scripts.LoneRunner); ok && len(job.batch) == 1 && e.sends == 0 {
+		job.lone = lone
+	}
 	e.sends++
-	e.inflight += len(batch)
-	e.ioWG.Add(1)
-	go func() {
-		defer e.ioWG.Done()
+	e.inflight += len(job.batch)
+	return job, true
+}
+
+// sender sends a batch (one pipelined write, merged by the runner into few script
+// calls), steps the machine with the replies on its own goroutine, and goes on with
+// the calls pending by then, while a slot is free for them; then it returns. The
+// replies skip the mailbox and the loop's wake-up, and a busy engine keeps its
+// senders (and their grown stacks) instead of starting a goroutine per batch.
+// Like runDirect, a sender's step may go ahead of mailbox items already posted,
+// as the loop's own order between its inputs could.
+func (e *Engine) sender(job sendJob) {
+	defer e.ioWG.Done()
+	for {
+		var done message
 		switch {
-		case hasLone:
-			e.mail.post(doLone(lone, batch[0]))
-		case len(batch) == 1:
-			e.mail.post(e.doScript(batch[0]))
+		case job.lone != nil:
+			done = doLone(job.lone, job.batch[0])
+		case len(job.batch) == 1:
+			done = e.doScript(job.batch[0])
 		default:
-			e.mail.post(e.doBatch(e.runner.(scripts.BatchRunner), batch))
+			done = e.doBatch(e.runner.(scripts.BatchRunner), job.batch)
 		}
-		e.mail.post(sendDone{})
-	}()
+		e.mu.Lock()
+		e.sends--
+		e.step(done, time.Now())
+		next, more := e.applyKeeping()
+		if e.drained() {
+			e.mail.post(wakeMsg{}) // the loop waits for this batch before it returns
+		}
+		e.mu.Unlock()
+		if !more {
+			return
+		}
+		job = next
+	}
 }
 
 // maxSpare bounds the backing array recycle keeps: a burst of thousands of calls

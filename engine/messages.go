@@ -10,8 +10,8 @@ import (
 )
 
 // message is everything the loop receives. The set is sealed: only this package's
-// types implement it, and machine.handle switches over all of them but sendDone
-// and batchDone, which the loop takes itself (Engine.loop).
+// types implement it, and machine.handle switches over all of them but wakeMsg
+// and batchDone, which Engine.step takes itself.
 type message interface{ isMessage() }
 
 // Requests from callers, sent on the inbox.
