@@ -169,10 +169,16 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 	})
 }
 
-// waiterField is w's owner field, "<client-id>:<owner-id>", made once per waiter.
+// waiterField is w's owner field, "<client-id>:<owner-id>", made once per waiter,
+// or taken from its lock when the lock's last field made was its owner's (a handle
+// locking the same lock again, the common case).
 func (m *machine) waiterField(w *waiter) string {
 	if w.field == "" {
-		w.field = ownerField(m.cfg.clientID, w.owner)
+		l := w.lock
+		if l.fieldOwner != w.owner || l.field == "" {
+			l.field, l.fieldOwner = ownerField(m.cfg.clientID, w.owner), w.owner
+		}
+		w.field = l.field
 	}
 	return w.field
 }

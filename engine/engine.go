@@ -718,6 +718,7 @@ func (e *Engine) takePending() (sendJob, bool) {
 // as the loop's own order between its inputs could.
 func (e *Engine) sender(job sendJob) {
 	defer e.ioWG.Done()
+	var calls []scripts.Call // the runner's view of each batch, reused
 	for {
 		var done message
 		switch {
@@ -726,7 +727,12 @@ func (e *Engine) sender(job sendJob) {
 		case len(job.batch) == 1:
 			done = e.doScript(job.batch[0])
 		default:
-			done = e.doBatch(e.runner.(scripts.BatchRunner), job.batch)
+			calls = calls[:0]
+			for _, c := range job.batch {
+				calls = append(calls, scripts.Call{ID: c.script, Keys: c.keys, Args: c.args})
+			}
+			done = e.doBatch(e.runner.(scripts.BatchRunner), job.batch, calls)
+			clear(calls)
 		}
 		e.mu.Lock()
 		e.sends--
@@ -785,12 +791,9 @@ func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 	return scriptDone{call: call, sentAt: sentAt, reply: reply, err: err}
 }
 
-// doBatch is doScript for many calls at once.
-func (e *Engine) doBatch(br scripts.BatchRunner, batch []scriptCall) batchDone {
-	calls := make([]scripts.Call, len(batch))
-	for i, c := range batch {
-		calls[i] = scripts.Call{ID: c.script, Keys: c.keys, Args: c.args}
-	}
+// doBatch is doScript for many calls at once, calls being the batch's calls as
+// the runner takes them.
+func (e *Engine) doBatch(br scripts.BatchRunner, batch []scriptCall, calls []scripts.Call) batchDone {
 	sentAt := time.Now()
 	results := br.RunBatch(context.Background(), calls)
 	return batchDone{calls: batch, results: results, sentAt: sentAt}

@@ -177,6 +177,10 @@ type lockState struct {
 	// nameKeys and releaseKeys are the KEYS of lock_acquire and of lock_release
 	// and lock_handoff, made once; script calls share them read-only.
 	nameKeys, releaseKeys []string
+	// field is the owner field last made for a waiter of this lock, fieldOwner's
+	// (see machine.waiterField).
+	field      string
+	fieldOwner uint64
 
 	queue queue // waiters in arrival order; the head is the one that retries
 

@@ -2,6 +2,9 @@ package lockapi_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -82,4 +85,53 @@ func BenchmarkMutexUncontended(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkMutexParallel is scenario B of the harness (bench/) as a Go benchmark:
+// 256 goroutines, each taking and releasing a lock of its own, one client, its own
+// redis-server. Nobody waits, so this is the batched path: the engine merges the
+// concurrent calls into few script calls (scripts.RunBatch). One op is one Lock
+// and Unlock of one goroutine; ns/op is wall time over all of them, so its
+// inverse is the ops per second the harness reports.
+//
+// Run: go test ./lockapi -run '^$' -bench MutexParallel -benchtime 200000x -count 5
+func BenchmarkMutexParallel(b *testing.B) {
+	srv := testredis.New(b)
+	c, err := lockapi.New(lockapi.Options{Addrs: []string{srv.Addr()}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	const goroutines = 256
+	locks := make([]*lockapi.Mutex, goroutines)
+	for i := range locks {
+		locks[i] = c.Mutex(lockName(b, fmt.Sprintf("n%d:g%d", b.N, i)))
+	}
+	b.ReportAllocs()
+	var (
+		left  atomic.Int64
+		wg    sync.WaitGroup
+		first atomic.Pointer[error]
+	)
+	left.Store(int64(b.N))
+	b.ResetTimer()
+	for _, m := range locks {
+		wg.Go(func() {
+			ctx := context.Background()
+			for left.Add(-1) >= 0 {
+				err := m.Lock(ctx)
+				if err == nil {
+					err = m.Unlock(ctx)
+				}
+				if err != nil {
+					first.CompareAndSwap(nil, &err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if err := first.Load(); err != nil {
+		b.Fatal(*err)
+	}
 }

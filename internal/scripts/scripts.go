@@ -312,21 +312,23 @@ func (r *Redis) RunBatch(ctx context.Context, calls []Call) []Result {
 	for i, u := range units {
 		cmds[i] = r.command(u)
 	}
-	out := make([]Result, 0, len(calls))
-	results := make([][]Result, len(units))
+	out := make([]Result, len(calls))
+	results := make([][]Result, len(units)) // each unit's part of out
+	start := 0
+	for i, u := range units {
+		results[i] = out[start : start+len(u)]
+		start += len(u)
+	}
 	var missed []int
 	for i, res := range c.DoMulti(ctx, cmds...) {
 		if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
 			missed = append(missed, i)
 			continue
 		}
-		results[i] = unitResults(units[i], res)
+		unitResults(results[i], units[i], res)
 	}
 	if len(missed) > 0 {
 		r.retryMissed(ctx, units, missed, results, 1)
-	}
-	for _, rs := range results {
-		out = append(out, rs...)
 	}
 	return out
 }
@@ -355,7 +357,6 @@ func split(calls []Call) [][]Call {
 // maxNoScriptTries.
 func (r *Redis) retryMissed(ctx context.Context, units [][]Call, missed []int, results [][]Result, tries int) {
 	fail := func(i int, err error) {
-		results[i] = make([]Result, len(units[i]))
 		for j := range results[i] {
 			results[i][j] = Result{Err: err}
 		}
@@ -382,7 +383,7 @@ func (r *Redis) retryMissed(ctx context.Context, units [][]Call, missed []int, r
 			still = append(still, again[j])
 			continue
 		}
-		results[again[j]] = unitResults(units[again[j]], res)
+		unitResults(results[again[j]], units[again[j]], res)
 	}
 	if len(still) > 0 {
 		r.retryMissed(ctx, units, still, results, tries+1)
@@ -403,31 +404,31 @@ func (r *Redis) command(unit []Call) rueidis.Completed {
 		call := unit[0]
 		return r.client.B().Evalsha().Sha1(r.shas[call.ID]).Numkeys(int64(len(call.Keys))).Key(call.Keys...).Arg(call.Args...).Build()
 	}
-	nkeys, nargs := 0, 1
+	nkeys := 0
 	for _, call := range unit {
 		nkeys += len(call.Keys)
-		nargs += 1 + len(call.Args)
 	}
 	// Every call's header is cut from one string, made once for the unit, rather
 	// than formatted into a string of its own (9 bytes a call is room for the
-	// header of any lock script's call).
+	// header of any lock script's call). Keys and arguments go straight into the
+	// command, call by call.
 	buf := make([]byte, 0, 9*len(unit))
 	for _, call := range unit {
 		buf = appendMultiHeader(buf, call)
 	}
 	headers := string(buf)
-	keys := make([]string, 0, nkeys)
-	args := make([]string, 1, nargs)
-	args[0] = strconv.Itoa(len(unit))
+	keys := r.client.B().Evalsha().Sha1(r.multiSHA).Numkeys(int64(nkeys)).Key(unit[0].Keys...)
+	for _, call := range unit[1:] {
+		keys = keys.Key(call.Keys...)
+	}
+	args := keys.Arg(strconv.Itoa(len(unit)))
 	var one [20]byte
 	for _, call := range unit {
 		n := len(appendMultiHeader(one[:0], call))
-		keys = append(keys, call.Keys...)
-		args = append(args, headers[:n])
+		args = args.Arg(headers[:n]).Arg(call.Args...)
 		headers = headers[n:]
-		args = append(args, call.Args...)
 	}
-	return r.client.B().Evalsha().Sha1(r.multiSHA).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build()
+	return args.Build()
 }
 
 // appendMultiHeader appends to b a call's header in the multi script's ARGV: its
@@ -440,12 +441,13 @@ func appendMultiHeader(b []byte, call Call) []byte {
 	return strconv.AppendUint(b, uint64(call.ID)+32*uint64(len(call.Keys))+32*65536*uint64(len(call.Args)), 10)
 }
 
-// unitResults splits a unit's reply into its calls' results.
-func unitResults(unit []Call, res rueidis.RedisResult) []Result {
+// unitResults splits a unit's reply into its calls' results, out[i] being
+// unit[i]'s.
+func unitResults(out []Result, unit []Call, res rueidis.RedisResult) {
 	if len(unit) == 1 {
-		return []Result{result(res)}
+		out[0] = result(res)
+		return
 	}
-	out := make([]Result, len(unit))
 	arr, err := res.ToArray()
 	if err == nil && len(arr) != len(unit) {
 		err = fmt.Errorf("leash: merged script returned %d replies for %d calls", len(arr), len(unit))
@@ -454,12 +456,11 @@ func unitResults(unit []Call, res rueidis.RedisResult) []Result {
 		for i := range out {
 			out[i] = Result{Err: err}
 		}
-		return out
+		return
 	}
 	for i, m := range arr {
 		out[i] = messageResult(m)
 	}
-	return out
 }
 
 // overtaken reports whether a unit after units[i] that did run (is not in missed)
