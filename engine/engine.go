@@ -70,11 +70,11 @@ type Config struct {
 
 // Engine is the loop around the state machine. Its methods are safe for concurrent
 // use. All lock state is the machine's, stepped under mu: by the engine goroutine
-// (loop), or by a caller of AcquireWait or Unlock that finds the loop idle (see
-// tryDirect).
+// (loop), by a caller of AcquireWait or Unlock that finds the loop idle (see
+// tryDirect), or by a batch's sender with the batch's replies (see sender).
 type Engine struct {
-	// mu guards the machine and the loop-owned fields below (inflight, pending,
-	// sends, spare). Nobody holds it across I/O or a blocking channel operation.
+	// mu guards the machine and the I/O counts below (inflight, pending, sends,
+	// spare). Nobody holds it across I/O or a blocking channel operation.
 	mu        sync.Mutex
 	m         *machine
 	runner    scripts.Runner
@@ -83,15 +83,15 @@ type Engine struct {
 	opTimeout time.Duration
 
 	// inbox carries callers' requests. Its capacity absorbs a burst of callers
-	// without making them wait on the loop; past it, senders block until the loop
+	// without making them wait on the loop; past it, callers block until the loop
 	// catches up, their context ends, or the engine stops (backpressure, not loss).
 	inbox chan message
 	// queued counts requests accepted by send and not yet handled: a caller may
 	// step the machine itself only when none is (tryDirect), or a request could
 	// overtake one its own goroutine sent earlier.
 	queued atomic.Int64
-	// mail carries replies, firings, unlock messages and cancellations; it never
-	// blocks its senders (see mailbox).
+	// mail carries firings, unlock messages, cancellations and the replies of
+	// calls not sent by a sender; it never blocks whoever posts (see mailbox).
 	mail *mailbox
 
 	nextWaiter atomic.Uint64
@@ -158,8 +158,8 @@ func (wakeMsg) isMessage() {}
 
 // batchDone: the calls of a merged batch (doBatch) returned, results[i] being
 // calls[i]'s. One message for the whole batch, rather than a scriptDone per call:
-// its sender (Engine.step) hands each to the machine as its scriptDone (done) and
-// then keeps calls' backing array (recycle).
+// the batch's sender steps it (Engine.step hands each call to the machine as its
+// scriptDone, done) and then keeps calls' backing array (recycle).
 type batchDone struct {
 	calls   []scriptCall
 	results []scripts.Result
@@ -515,8 +515,8 @@ func (e *Engine) request(msg message, now time.Time) {
 	}
 }
 
-// step hands one mailbox message to the machine, keeping the I/O counts. Called
-// under mu.
+// step hands one mailbox message, or a sender's reply, to the machine, keeping the
+// I/O counts. Called under mu.
 func (e *Engine) step(msg message, now time.Time) {
 	switch msg := msg.(type) {
 	case wakeMsg:
@@ -560,9 +560,9 @@ func (e *Engine) drained() bool {
 // has ended before it starts does not come here. Acquire's caller is promised a
 // channel at once and never comes here.
 //
-// A direct step may go ahead of mailbox items already posted (replies, timer
-// firings, cancellations), as the loop's select between the inbox and the mailbox
-// could too; it never goes ahead of a request already queued (queued).
+// A direct step may go ahead of mailbox items already posted (timer firings,
+// cancellations, unlock messages), as the loop's select between the inbox and the
+// mailbox could too; it never goes ahead of a request already queued (queued).
 func (e *Engine) tryDirect(ctx context.Context, msg message) bool {
 	e.gate.RLock()
 	// Holding gate while taking mu: Close cannot have sent closeMsg, so msg is
@@ -714,8 +714,9 @@ func (e *Engine) takePending() (sendJob, bool) {
 // the calls pending by then, while a slot is free for them; then it returns. The
 // replies skip the mailbox and the loop's wake-up, and a busy engine keeps its
 // senders (and their grown stacks) instead of starting a goroutine per batch.
-// Like runDirect, a sender's step may go ahead of mailbox items already posted,
-// as the loop's own order between its inputs could.
+// Like runDirect, a sender's step may go ahead of mailbox items already posted:
+// those come from other goroutines (the timer wheel, the pub/sub registry,
+// context.AfterFunc), whose posts race with the reply's arrival anyway.
 func (e *Engine) sender(job sendJob) {
 	defer e.ioWG.Done()
 	var calls []scripts.Call // the runner's view of each batch, reused

@@ -690,3 +690,42 @@ func TestEngineTransportErrorBackoff(t *testing.T) {
 		t.Errorf("%d acquire scripts ran, want 1 (the failed call never reached the server)", n)
 	}
 }
+
+// Close's releases go out as one merged batch on a sender, which steps their
+// replies itself: the loop, parked with nothing in its mailbox, must still hear
+// that the last call in flight was answered (the sender's wakeMsg), or Close never
+// returns.
+func TestEngineCloseWaitsForSenderBatch(t *testing.T) {
+	r := &batchMem{memRedis: newMemRedis()}
+	h := newEngine(t, r)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const locks = 20
+	for i := range locks {
+		req := AcquireRequest{Lock: fmt.Sprintf("close%d", i), Owner: h.e.NewOwner(), Wait: -1}
+		if err := h.e.AcquireWait(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	closed := make(chan struct{})
+	go func() {
+		h.e.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-ctx.Done():
+		t.Error("Close did not return: the loop missed the end of its releases' batch")
+		h.e.mail.post(wakeMsg{}) // unstick it, so that the test ends
+		<-closed
+		t.FailNow()
+	}
+	for i := range locks {
+		if got := r.holders(fmt.Sprintf("close%d", i)); got != nil {
+			t.Errorf("close%d: server still has %v", i, got)
+		}
+	}
+	if r.merged.Load() == 0 {
+		t.Error("Close's releases did not go out as a merged batch: the test missed the sender's path")
+	}
+}

@@ -2,11 +2,12 @@ package engine
 
 import "sync"
 
-// mailbox carries the engine's internal notifications — script replies, timer
-// firings, unlock messages, cancellations — from any goroutine to the loop. post
-// never blocks and never drops: items are appended under a mutex and the loop is
-// nudged through a capacity-1 signal channel, so a burst of thousands (timer firings
-// in one tick, replies of one pipelined batch) reaches the loop as one batch.
+// mailbox carries the engine's internal notifications — timer firings, unlock
+// messages, cancellations, subscription results, and the replies of calls that no
+// sender steps itself (the unbatched runners of tests) — from any goroutine to the
+// loop. post never blocks and never drops: items are appended under a mutex and
+// the loop is nudged through a capacity-1 signal channel, so a burst of thousands
+// (timer firings in one tick) reaches the loop as one batch.
 type mailbox struct {
 	mu    sync.Mutex
 	items []message

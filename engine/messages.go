@@ -95,7 +95,8 @@ type forceResult struct {
 	err     error
 }
 
-// Notifications, posted to the mailbox.
+// Notifications, posted to the mailbox (a scriptDone only by the unbatched
+// runners' goroutines, runScript; a sender or runDirect steps its own).
 type (
 	// cancelMsg: a waiter's context ended.
 	cancelMsg struct {

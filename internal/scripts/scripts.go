@@ -227,10 +227,11 @@ type Result struct {
 }
 
 // BatchRunner is a Runner that can also send many calls in one write. The engine
-// uses it, when available, to send the calls one step of its loop produced together.
+// uses it, when available, to send the calls pending together.
 type BatchRunner interface {
 	Runner
-	// RunBatch runs calls and returns their results in the same order.
+	// RunBatch runs calls and returns their results in the same order. It keeps
+	// no reference to calls once it returns: the engine reuses the slice.
 	RunBatch(ctx context.Context, calls []Call) []Result
 }
 
