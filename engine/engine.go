@@ -641,16 +641,16 @@ func (e *Engine) runDirect(ctx context.Context, msg message, lone scripts.LoneRu
 
 // apply carries out the machine's effects, starting a sender for the pending
 // calls if a send slot is free.
-func (e *Engine) apply() {
-	if job, ok := e.applyKeeping(); ok {
-		e.ioWG.Add(1)
-		go e.sender(job)
-	}
-}
+func (e *Engine) apply() { e.applyEffects(false) }
 
 // applyKeeping is apply for a sender: pending calls that may go now are returned
-// for the caller to send (the slot counted), instead of starting a sender.
-func (e *Engine) applyKeeping() (sendJob, bool) {
+// for the sender to send itself (the slot counted), instead of starting another.
+func (e *Engine) applyKeeping() (sendJob, bool) { return e.applyEffects(true) }
+
+// applyEffects carries out the machine's effects; see apply and applyKeeping.
+// Grants are completed last, after any goroutine is started (see machine.deliver:
+// a goroutine started after them would run before the granted caller).
+func (e *Engine) applyEffects(keep bool) (sendJob, bool) {
 	fx := &e.m.fx
 	for _, op := range fx.timers {
 		if op.cancel {
@@ -666,6 +666,11 @@ func (e *Engine) applyKeeping() (sendJob, bool) {
 	if _, ok := e.runner.(scripts.BatchRunner); ok {
 		e.pending = append(e.pending, fx.scripts...)
 		job, send = e.takePending()
+		if send && !keep {
+			e.ioWG.Add(1)
+			go e.sender(job)
+			job, send = sendJob{}, false
+		}
 	} else {
 		// A runner without batches (the tests' fakes): every call at once.
 		for _, call := range fx.scripts {
