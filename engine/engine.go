@@ -146,8 +146,11 @@ const (
 // script call (scripts.RunBatch): under load, batches grow instead of the number of
 // writes, wake-ups and Lua calls per lock operation; a lone call still goes at once.
 // Measured on two cores with 256 goroutines on their own locks: about twice the
-// operations per second of sending every step's calls at once; one, two and four
-// slots did about as well as each other.
+// operations per second of sending every step's calls at once. One slot did worse
+// (bench B, with a goroutine per batch then: 42,000 and 46,000 ops/s against
+// 50,000 and 62,000 with two); with the senders (see sender), three, four or
+// eight (also with 32 calls a merged call) did no better than two: more batches
+// in flight left the CPUs less idle but cost as much CPU as they saved.
 const maxSends = 2
 
 // wakeMsg only wakes the loop: a caller (runDirect) or a sender answered the last
