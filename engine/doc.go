@@ -1,12 +1,14 @@
 // Package engine owns all lock state of a leash client: per-lock waiter queues, the
 // acquire attempt in flight, held locks and their watchdog renewals. Every mutation
 // of that state happens under one mutex, held by the engine goroutine (the loop)
-// for each round of messages, and by nobody across I/O. Two exceptions to "the
+// for each round of messages, and by nobody across I/O. Three exceptions to "the
 // loop steps the machine": a Lock or Unlock made while the loop is idle steps the
 // machine on its own goroutine, runs its one script call there and steps the
 // reply too (Engine.tryDirect), so that an uncontended lock costs its round trips
-// and no goroutine hand-off; and a batch's sender steps the machine with the
-// batch's replies itself (Engine.sender).
+// and no goroutine hand-off; a batch's sender steps the machine with the batch's
+// replies itself (Engine.sender); and an unlock or grant message that finds the
+// engine idle is stepped by the pub/sub reader that delivers it
+// (Engine.stepNotice), so a grant reaches its caller with no hop through the loop.
 //
 // The package is split the way etcd's raft splits node.go from rawnode.go:
 //
@@ -21,7 +23,8 @@
 //     maxSends); a call alone in flight takes the runner's dedicated connection
 //     (scripts.RunLone). The sender steps the machine with the replies and sends
 //     what is pending by then, and ends when nothing is. Timer firings, unlock
-//     messages and cancellations come back through a mailbox that never blocks
+//     messages that find the engine busy, and cancellations come back through
+//     a mailbox that never blocks
 //     its sender, so the loop never waits on anyone and nobody waits on the loop
 //     for long.
 //

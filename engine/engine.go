@@ -71,10 +71,13 @@ type Config struct {
 // Engine is the loop around the state machine. Its methods are safe for concurrent
 // use. All lock state is the machine's, stepped under mu: by the engine goroutine
 // (loop), by a caller of AcquireWait or Unlock that finds the loop idle (see
-// tryDirect), or by a batch's sender with the batch's replies (see sender).
+// tryDirect), by a batch's sender with the batch's replies (see sender), or by
+// the pub/sub reader with an unlock or grant message that finds the engine idle
+// (see stepNotice).
 type Engine struct {
-	// mu guards the machine and the I/O counts below (inflight, pending, sends,
-	// spare). Nobody holds it across I/O or a blocking channel operation.
+	// mu guards the machine, the I/O counts below (inflight, pending, sends) and
+	// the slices kept for reuse (spares, spareCalls, spareResults). Nobody holds
+	// it across I/O or a blocking channel operation.
 	mu        sync.Mutex
 	m         *machine
 	runner    scripts.Runner
@@ -114,11 +117,17 @@ type Engine struct {
 	// takePending and takeLone).
 	pending []scriptCall
 	sends   int
-	// spare is an answered batch's backing array, emptied, for the next pending
+	// spares are answered batches' backing arrays, emptied, for the next pending
 	// calls (see recycle): under load a batch holds dozens of calls, and growing a
-	// new slice for each would allocate about a kilobyte per lock operation.
-	spare  []scriptCall
-	closeT time.Duration
+	// new slice for each would allocate about a kilobyte per lock operation. One
+	// spare per send slot: two batches in flight and pending make three arrays.
+	spares [maxSends][]scriptCall
+	// spareCalls and spareResults are the slices of the runner's view of a
+	// batch and of its results (see sender) that the last sender to return left
+	// for the next one to start with.
+	spareCalls   []scripts.Call
+	spareResults []scripts.Result
+	closeT       time.Duration
 }
 
 const inboxSize = 1024
@@ -162,7 +171,8 @@ func (wakeMsg) isMessage() {}
 // batchDone: the calls of a merged batch (doBatch) returned, results[i] being
 // calls[i]'s. One message for the whole batch, rather than a scriptDone per call:
 // the batch's sender steps it (Engine.step hands each call to the machine as its
-// scriptDone, done) and then keeps calls' backing array (recycle).
+// scriptDone, done) and then keeps calls' backing array (recycle). Only a sender
+// makes and steps one; it never goes through the mailbox.
 type batchDone struct {
 	calls   []scriptCall
 	results []scripts.Result
@@ -237,9 +247,40 @@ func New(cfg Config) (*Engine, error) {
 func (e *Engine) NewOwner() uint64 { return e.nextOwner.Add(1) }
 
 // NotifyMessage hands an unlock-channel message to the engine. It never blocks; it
-// is the pub/sub registry's message handler.
+// is the pub/sub registry's message handler. When the engine is idle it steps the
+// message on the calling goroutine (see stepNotice); otherwise the loop does.
 func (e *Engine) NotifyMessage(channel, payload string) {
-	e.mail.post(unlockNotice{channel: channel, payload: payload})
+	msg := unlockNotice{channel: channel, payload: payload}
+	if !e.stepNotice(msg) {
+		e.mail.post(msg)
+	}
+}
+
+// stepNotice steps msg, an unlock or grant message, on the calling goroutine (the
+// pub/sub connection's reader) when nobody holds mu and nothing waits in the
+// mailbox, as a sender steps its replies: a message that hands this process the
+// lock then reaches the granted caller without the hop through the loop
+// goroutine, one wake-up less between the release and the caller's return.
+// Measured (bench/ scenario D, a waiter in another client, 5 interleaved runs
+// of about 530 samples each): p50 49 → 43 µs, p99 240 → 212 µs. It never waits
+// for the engine: it only tries mu, and the effects it applies run their I/O on
+// goroutines of their own. It reports false, having done nothing, when the
+// engine is busy or closing: the message then goes through the mailbox, after
+// what is there already, so messages keep their order. (The second look at the
+// mailbox, under mu, catches a post the loop has been nudged for but not yet
+// drained; no test can hold the loop at that point without a hook.)
+func (e *Engine) stepNotice(msg message) bool {
+	if !e.mail.empty() || !e.mu.TryLock() {
+		return false
+	}
+	if e.m.closing || !e.mail.empty() {
+		e.mu.Unlock()
+		return false
+	}
+	e.step(msg, time.Now())
+	e.apply()
+	e.mu.Unlock()
+	return true
 }
 
 // NotifyResubscribed tells the engine that messages may have been missed. It never
@@ -529,7 +570,6 @@ func (e *Engine) step(msg message, now time.Time) {
 			e.inflight--
 			e.m.handleDone(msg.done(i), now)
 		}
-		e.recycle(msg.calls)
 		return
 	case scriptDone, subscribeDone, unsubscribeDone:
 		e.inflight--
@@ -670,6 +710,8 @@ func (e *Engine) applyEffects(keep bool) (sendJob, bool) {
 		e.pending = append(e.pending, fx.scripts...)
 		job, send = e.takePending()
 		if send && !keep {
+			job.calls, job.results = e.spareCalls, e.spareResults
+			e.spareCalls, e.spareResults = nil, nil
 			e.ioWG.Add(1)
 			go e.sender(job)
 			job, send = sendJob{}, false
@@ -699,6 +741,11 @@ type sendJob struct {
 	// in flight (a dedicated connection read on the sender's goroutine: at most one
 	// call uses it at a time); nil otherwise.
 	lone scripts.LoneRunner
+	// calls and results, for a sender's first job, are the spare slices it
+	// reuses for the runner's view of its batches and their results
+	// (Engine.spareCalls).
+	calls   []scripts.Call
+	results []scripts.Result
 }
 
 // takePending takes the pending calls as one batch if a send slot is free (see
@@ -708,7 +755,7 @@ func (e *Engine) takePending() (sendJob, bool) {
 		return sendJob{}, false
 	}
 	job := sendJob{batch: e.pending}
-	e.pending, e.spare = e.spare, nil
+	e.pending = e.takeSpare()
 	if lone, ok := e.runner.(scripts.LoneRunner); ok && len(job.batch) == 1 && e.sends == 0 {
 		job.lone = lone
 	}
@@ -727,7 +774,8 @@ func (e *Engine) takePending() (sendJob, bool) {
 // context.AfterFunc), whose posts race with the reply's arrival anyway.
 func (e *Engine) sender(job sendJob) {
 	defer e.ioWG.Done()
-	var calls []scripts.Call // the runner's view of each batch, reused
+	// The runner's view of each batch, and the slice its results come in, reused.
+	calls, results := job.calls, job.results
 	for {
 		var done message
 		switch {
@@ -740,15 +788,22 @@ func (e *Engine) sender(job sendJob) {
 			for _, c := range job.batch {
 				calls = append(calls, scripts.Call{ID: c.script, Keys: c.keys, Args: c.args})
 			}
-			done = e.doBatch(e.runner.(scripts.BatchRunner), job.batch, calls)
+			bd := e.doBatch(e.runner.(scripts.BatchRunner), job.batch, calls, results)
+			results = bd.results
+			done = bd
 			clear(calls)
 		}
 		e.mu.Lock()
 		e.sends--
 		e.step(done, time.Now())
+		e.recycle(job.batch) // stepped: the machine keeps no reference to it
+		clear(results)       // stepped: handleDone took copies
 		next, more := e.applyKeeping()
 		if e.drained() {
 			e.mail.post(wakeMsg{}) // the loop waits for this batch before it returns
+		}
+		if !more && cap(calls) > cap(e.spareCalls) && cap(calls) <= maxSpare && cap(results) <= maxSpare {
+			e.spareCalls, e.spareResults = calls[:0], results[:0]
 		}
 		e.mu.Unlock()
 		if !more {
@@ -763,12 +818,42 @@ func (e *Engine) sender(job sendJob) {
 // for the engine's life. Four merged calls' worth covers the batches of steady load.
 const maxSpare = 4 * scripts.MaxMerged
 
-// recycle keeps an answered batch's backing array as the spare for the next
-// pending calls, after dropping its references.
+// takeSpare returns the largest spare backing array (nil if none) and forgets it.
+func (e *Engine) takeSpare() []scriptCall {
+	best := -1
+	for i, a := range e.spares {
+		if a != nil && (best < 0 || cap(a) > cap(e.spares[best])) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return nil
+	}
+	a := e.spares[best]
+	e.spares[best] = nil
+	return a
+}
+
+// recycle keeps an answered batch's backing array as a spare for the next
+// pending calls, after dropping its references: in a free spare slot, or in
+// place of a smaller spare.
 func (e *Engine) recycle(batch []scriptCall) {
 	clear(batch)
-	if cap(batch) > cap(e.spare) && cap(batch) <= maxSpare {
-		e.spare = batch[:0]
+	if cap(batch) > maxSpare {
+		return
+	}
+	smallest := 0
+	for i, a := range e.spares {
+		if a == nil {
+			e.spares[i] = batch[:0]
+			return
+		}
+		if cap(a) < cap(e.spares[smallest]) {
+			smallest = i
+		}
+	}
+	if cap(batch) > cap(e.spares[smallest]) {
+		e.spares[smallest] = batch[:0]
 	}
 }
 
@@ -802,9 +887,9 @@ func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 
 // doBatch is doScript for many calls at once, calls being the batch's calls as
 // the runner takes them.
-func (e *Engine) doBatch(br scripts.BatchRunner, batch []scriptCall, calls []scripts.Call) batchDone {
+func (e *Engine) doBatch(br scripts.BatchRunner, batch []scriptCall, calls []scripts.Call, out []scripts.Result) batchDone {
 	sentAt := time.Now()
-	results := br.RunBatch(context.Background(), calls)
+	results := br.RunBatch(context.Background(), calls, out)
 	return batchDone{calls: batch, results: results, sentAt: sentAt}
 }
 

@@ -729,3 +729,95 @@ func TestEngineCloseWaitsForSenderBatch(t *testing.T) {
 		t.Error("Close's releases did not go out as a merged batch: the test missed the sender's path")
 	}
 }
+
+// parkRegistered queues a waiter of owner 1 on lock "L" behind another process's
+// hold, answering its attempts until one registers it for direct grants, and
+// returns its future and waiter id once it is parked.
+func parkRegistered(t *testing.T, ctx context.Context, h *eh, r *manualRunner) (<-chan error, uint64) {
+	t.Helper()
+	fut := h.e.Acquire(ctx, AcquireRequest{Lock: "L", Owner: 1, Wait: -1})
+	for i := 0; ; i++ {
+		if i == 4 {
+			t.Fatal("no attempt registered the waiter")
+		}
+		// A refusal subscribes the lock's channel and the client's grant channel;
+		// the attempt their confirmation brings registers.
+		c := r.expect(t, scripts.LockAcquire)
+		c.answer(replyPTTL(30*time.Second), nil)
+		if len(c.args) == 5 {
+			break
+		}
+	}
+	var id uint64
+	// Parked, with nothing in flight, and no nudge of the loop left over (two
+	// posts close together can leave one): the next message finds mu free.
+	eventually(t, "a parked waiter", func() bool {
+		h.e.mu.Lock()
+		defer h.e.mu.Unlock()
+		for wid, w := range h.e.m.waiters {
+			if w.owner == 1 && w.lock.parked && h.e.inflight == 0 && len(h.e.mail.signal) == 0 && h.e.mail.empty() {
+				id = wid
+				return true
+			}
+		}
+		return false
+	})
+	return fut, id
+}
+
+// A grant message that reaches an idle engine is stepped on the goroutine that
+// delivers it (stepNotice): the granted caller's channel has its value when
+// NotifyMessage returns, with no hop through the loop.
+func TestEngineNoticeSteppedOnDeliveringGoroutine(t *testing.T) {
+	r := newManualRunner()
+	h := newEngine(t, r, shortClose)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for round := range 5 {
+		fut, id := parkRegistered(t, ctx, h, r)
+		h.e.NotifyMessage(h.e.m.grantChannel, fmt.Sprintf("%d|0|L", id))
+		select {
+		case err := <-fut:
+			if err != nil {
+				t.Fatalf("round %d: acquire: %v", round, err)
+			}
+		default:
+			t.Fatalf("round %d: the grant was not stepped by NotifyMessage", round)
+		}
+		done := make(chan error, 1)
+		go func() { done <- h.e.Unlock(ctx, "L", 1) }()
+		r.expect(t, scripts.LockRelease).answer(scripts.Reply{Int: 1}, nil)
+		if err := recv(t, "unlock", done); err != nil {
+			t.Fatalf("round %d: unlock: %v", round, err)
+		}
+	}
+}
+
+// A message that arrives while the engine is busy goes through the mailbox, and
+// NotifyMessage does not wait for the engine.
+func TestEngineNoticeWhileBusyNeverBlocks(t *testing.T) {
+	r := newManualRunner()
+	h := newEngine(t, r, shortClose)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fut, id := parkRegistered(t, ctx, h, r)
+	h.e.mu.Lock() // the engine is busy
+	returned := make(chan struct{})
+	go func() {
+		h.e.NotifyMessage(h.e.m.grantChannel, fmt.Sprintf("%d|0|L", id))
+		close(returned)
+	}()
+	select {
+	case <-returned:
+	case <-time.After(5 * time.Second):
+		h.e.mu.Unlock()
+		t.Fatal("NotifyMessage blocked on a busy engine")
+	}
+	if h.e.mail.empty() {
+		t.Error("the message is not in the mailbox")
+	}
+	h.e.mu.Unlock()
+	if err := recv(t, "acquire", fut); err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+}

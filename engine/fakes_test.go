@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -150,12 +151,12 @@ var _ scripts.BatchRunner = (*batchMem)(nil)
 
 // RunBatch implements scripts.BatchRunner: the calls in order, as the multi
 // script runs them.
-func (b *batchMem) RunBatch(ctx context.Context, calls []scripts.Call) []scripts.Result {
+func (b *batchMem) RunBatch(ctx context.Context, calls []scripts.Call, out []scripts.Result) []scripts.Result {
 	b.batches.Add(1)
 	if len(calls) > 1 {
 		b.merged.Add(1)
 	}
-	out := make([]scripts.Result, len(calls))
+	out = slices.Grow(out[:0], len(calls))[:len(calls)] // the engine's reused slice, as Redis.RunBatch
 	for i, c := range calls {
 		out[i].Reply, out[i].Err = b.Run(ctx, c.ID, c.Keys, c.Args)
 		runtime.Gosched()

@@ -40,7 +40,8 @@ const (
 )
 
 // machine is the engine's pure state machine: every method runs under the
-// engine's mutex (on the loop goroutine, or a caller's: see Engine.tryDirect),
+// engine's mutex (on the loop goroutine, a caller's, a sender's or the pub/sub
+// reader's: see Engine.tryDirect, Engine.sender, Engine.stepNotice),
 // takes the time as an argument, blocks on nothing, and appends effects.
 type machine struct {
 	watchdogText string // millis(cfg.watchdog), for every script call of a watchdog hold

@@ -3,7 +3,8 @@ package engine
 import "sync"
 
 // mailbox carries the engine's internal notifications — timer firings, unlock
-// messages, cancellations, subscription results, and the replies of calls that no
+// messages (those that find the engine busy: see Engine.stepNotice),
+// cancellations, subscription results, and the replies of calls that no
 // sender steps itself (the unbatched runners of tests) — from any goroutine to the
 // loop. post never blocks and never drops: items are appended under a mutex and
 // the loop is nudged through a capacity-1 signal channel, so a burst of thousands
@@ -29,6 +30,13 @@ func (b *mailbox) post(msg message) {
 	case b.signal <- struct{}{}:
 	default:
 	}
+}
+
+// empty reports whether nothing waits to be drained. Safe from any goroutine.
+func (b *mailbox) empty() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.items) == 0
 }
 
 // drain returns everything posted so far. The returned slice is valid until the

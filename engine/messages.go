@@ -96,7 +96,8 @@ type forceResult struct {
 }
 
 // Notifications, posted to the mailbox (a scriptDone only by the unbatched
-// runners' goroutines, runScript; a sender or runDirect steps its own).
+// runners' goroutines, runScript; a sender or runDirect steps its own; an
+// unlockNotice only when the engine is busy, see Engine.stepNotice).
 type (
 	// cancelMsg: a waiter's context ended.
 	cancelMsg struct {

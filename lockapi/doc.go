@@ -1,7 +1,8 @@
 // Package lockapi is leash's public API: distributed locks on Redis with Redisson's
 // wire layout, Go's idioms, and one engine per client that owns all lock state (a
 // state machine stepped under one mutex by its goroutine, by idle-path callers,
-// and by the goroutines that send its batched script calls).
+// by the goroutines that send its batched script calls, and by the pub/sub reader
+// when a message finds it idle).
 //
 // A Client holds one connection pool, one pub/sub connection, one engine and one
 // timing wheel, however many locks it serves. A lock handle (Client.Mutex) is one

@@ -19,7 +19,8 @@ var ErrDisconnected = errors.New("leash: pub/sub connection is down")
 var ErrClosed = errors.New("leash: pub/sub registry closed")
 
 // Handler receives one published message. It runs on rueidis's read goroutine and
-// must not block.
+// must not block (the engine's may step its state machine there, briefly, when
+// the engine is idle: see engine.Engine.NotifyMessage).
 type Handler func(channel, message string)
 
 // Registry is a set of subscribed channels over one dedicated connection that is

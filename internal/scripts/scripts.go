@@ -230,9 +230,10 @@ type Result struct {
 // uses it, when available, to send the calls pending together.
 type BatchRunner interface {
 	Runner
-	// RunBatch runs calls and returns their results in the same order. It keeps
-	// no reference to calls once it returns: the engine reuses the slice.
-	RunBatch(ctx context.Context, calls []Call) []Result
+	// RunBatch runs calls and returns their results in the same order, in out's
+	// backing array when it is large enough (out may be nil). It keeps no
+	// reference to calls or out once it returns: the engine reuses both.
+	RunBatch(ctx context.Context, calls []Call, out []Result) []Result
 }
 
 // Redis runs the scripts on a rueidis client.
@@ -306,14 +307,15 @@ const (
 // flight at the same time (the engine keeps up to two) may run before the one sent
 // again. The engine serializes each owner's acquires and releases (serial.go), so
 // such calls are on different owners' behalf.
-func (r *Redis) RunBatch(ctx context.Context, calls []Call) []Result {
+func (r *Redis) RunBatch(ctx context.Context, calls []Call, out []Result) []Result {
 	c := r.client
 	units := split(calls)
 	cmds := make(rueidis.Commands, len(units))
 	for i, u := range units {
 		cmds[i] = r.command(u)
 	}
-	out := make([]Result, len(calls))
+	// out's array, grown if need be; every element is set below.
+	out = slices.Grow(out[:0], len(calls))[:len(calls)]
 	results := make([][]Result, len(units)) // each unit's part of out
 	start := 0
 	for i, u := range units {

@@ -737,7 +737,7 @@ func TestRunBatch(t *testing.T) {
 	t.Run("mixed scripts, in order", func(t *testing.T) {
 		e.do(t, "SET", "b1-str", "x")
 		calls, want := mixed("b1")
-		check(t, e.r.RunBatch(ctxT(t), calls), want)
+		check(t, e.r.RunBatch(ctxT(t), calls, nil), want)
 	})
 	t.Run("a shorter call after a longer one sees only its own keys and arguments", func(t *testing.T) {
 		// The merged script reuses one KEYS and one ARGV table: what a longer call
@@ -755,11 +755,22 @@ func TestRunBatch(t *testing.T) {
 			// No ARGV[7]: a re-entry, count 2.
 			{ID: scripts.FairAcquire, Keys: fk, Args: []string{L, "c:7", "5000", now, "0"}},
 		}
-		check(t, e.r.RunBatch(ctxT(t), calls), []string{"nil", "[1]", "nil"})
+		check(t, e.r.RunBatch(ctxT(t), calls, nil), []string{"nil", "[1]", "nil"})
 		e.wantHash(t, f, "c:7=2")
 	})
+	t.Run("results in the array of out", func(t *testing.T) {
+		out := make([]scripts.Result, 1, 64)
+		out[0].Err = errors.New("stale")
+		e.do(t, "SET", "b10-str", "x")
+		calls, want := mixed("b10")
+		res := e.r.RunBatch(ctxT(t), calls, out)
+		if &res[0] != &out[:1][0] {
+			t.Error("the results are not in out's array")
+		}
+		check(t, res, want) // every result set, out's old one included
+	})
 	t.Run("empty", func(t *testing.T) {
-		if res := e.r.RunBatch(ctxT(t), nil); len(res) != 0 {
+		if res := e.r.RunBatch(ctxT(t), nil, nil); len(res) != 0 {
 			t.Errorf("%d results for no calls", len(res))
 		}
 	})
@@ -771,7 +782,7 @@ func TestRunBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		calls, want := mixed("b2")
-		check(t, e.r.RunBatch(ctxT(t), calls), want)
+		check(t, e.r.RunBatch(ctxT(t), calls, nil), want)
 		stats, err := e.srv.CommandStats()
 		if err != nil {
 			t.Fatal(err)
@@ -787,7 +798,7 @@ func TestRunBatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		calls, want = mixed("b3")
-		check(t, e.r.RunBatch(ctxT(t), calls), want)
+		check(t, e.r.RunBatch(ctxT(t), calls, nil), want)
 		if stats, err = e.srv.CommandStats(); err != nil {
 			t.Fatal(err)
 		}
@@ -820,7 +831,7 @@ func TestRunBatch(t *testing.T) {
 		if err := e.srv.ResetStats(); err != nil {
 			t.Fatal(err)
 		}
-		check(t, e.r.RunBatch(ctxT(t), calls), want)
+		check(t, e.r.RunBatch(ctxT(t), calls, nil), want)
 		stats, err := e.srv.CommandStats()
 		if err != nil {
 			t.Fatal(err)
@@ -840,7 +851,7 @@ func TestRunBatch(t *testing.T) {
 			want = append(want, "[0]")
 		}
 		want = append(want, "0", "nil")
-		check(t, e.r.RunBatch(ctxT(t), calls), want)
+		check(t, e.r.RunBatch(ctxT(t), calls, nil), want)
 		e.wantHash(t, "b4c", "c:3=1")
 		e.wantHash(t, "b4d", "c:4=1")
 	})
@@ -868,7 +879,7 @@ func TestRunBatch(t *testing.T) {
 			if err := e.srv.ResetStats(); err != nil {
 				t.Fatal(err)
 			}
-			check(t, e.r.RunBatch(ctxT(t), calls), want)
+			check(t, e.r.RunBatch(ctxT(t), calls, nil), want)
 			stats, err := e.srv.CommandStats()
 			if err != nil {
 				t.Fatal(err)
@@ -887,7 +898,7 @@ func TestRunBatch(t *testing.T) {
 			{ID: scripts.LockAcquire, Keys: []string{"b6"}, Args: []string{"not-a-number", "c:1"}},
 			{ID: scripts.LockRelease, Keys: []string{"b6", channel("b6")}, Args: []string{unlockMsg, L, "c:1"}},
 		}
-		check(t, e.r.RunBatch(ctxT(t), calls), []string{"nil", "error", "error", "0"})
+		check(t, e.r.RunBatch(ctxT(t), calls, nil), []string{"nil", "error", "error", "0"})
 	})
 	t.Run("Run after SCRIPT FLUSH", func(t *testing.T) {
 		wantReply(t, "lock_acquire", e.run(t, scripts.LockAcquire, []string{"b5"}, L, "c:1"), "nil")
