@@ -369,7 +369,21 @@ func runStorm(t *testing.T, cfg stormConfig) {
 								break
 							}
 							if time.Since(start) >= wait {
-								tr.errorf("g%d lock %d: %s failed (%v), yet HoldCount = %d, %v (after %v)", g, li, how, err, n, herr, time.Since(start))
+								// What the server has, for whoever looks into it: the
+								// fields are "<client id>:<owner id>". (srv.Do, not do:
+								// this goroutine may not end the test.)
+								n0 := names[li]
+								raw := func(args ...string) string {
+									got, err := srv.Do(args...)
+									if err != nil {
+										return err.Error()
+									}
+									return got
+								}
+								tr.errorf("g%d lock %d: %s failed (%v), yet HoldCount = %d, %v (after %v); handle's field %s; server: HGETALL %q, queue %q, timeouts %q",
+									g, li, how, err, n, herr, time.Since(start), stormField(c, m), raw("HGETALL", n0),
+									raw("LRANGE", "redisson_lock_queue:{"+n0+"}", "0", "-1"),
+									raw("ZRANGE", "redisson_lock_timeout:{"+n0+"}", "0", "-1", "WITHSCORES"))
 								break
 							}
 							time.Sleep(time.Millisecond) // polling
