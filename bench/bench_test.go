@@ -197,6 +197,7 @@ func tinyProfile() Profile {
 		CHold:       time.Millisecond,
 		CTimeout:    20 * time.Second,
 		DSamples:    6,
+		DDuration:   60 * time.Millisecond,
 		FLocks:      200,
 		FWatchdog:   150 * time.Millisecond,
 		FPeriods:    2,

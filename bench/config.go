@@ -35,8 +35,12 @@ type Profile struct {
 	// until then. It bounds the slow polling peers' drains; the others finish
 	// well within it.
 	CDrainCap time.Duration `json:"c_drain_cap_ns"`
-	// D: samples per contender, spread over the repetitions.
-	DSamples int `json:"d_samples"`
+	// D: samples per contender, spread over the repetitions, at least; a cell
+	// keeps taking samples until it also has run DDuration, so a contender that
+	// hands off in microseconds gets more samples than one that polls (redsync
+	// takes about 150 ms a sample) and its p99 is not just its few slowest.
+	DSamples  int           `json:"d_samples"`
+	DDuration time.Duration `json:"d_duration_ns"`
 	// F: held locks, their watchdog timeout, and how many renewal periods are
 	// measured.
 	FLocks    int           `json:"f_locks"`
@@ -64,6 +68,7 @@ func defaultProfile() Profile {
 		CTimeout:    60 * time.Second,
 		CDrainCap:   5 * time.Second,
 		DSamples:    200,
+		DDuration:   1500 * time.Millisecond,
 		FLocks:      10000,
 		FWatchdog:   3 * time.Second,
 		FPeriods:    2,
@@ -82,6 +87,7 @@ func fullProfile() Profile {
 	p.BDuration = 2 * time.Second
 	p.CDrainCap = 0 // every contender drains all its waiters
 	p.DSamples = 1000
+	p.DDuration = 3 * time.Second
 	p.FPeriods = 6
 	p.Pings = 10000
 	return p

@@ -327,7 +327,7 @@ func (r *runner) runAll(ctx context.Context) error {
 		if r.scen["D"] {
 			for _, k := range order {
 				cell(k, "D", "D handoff latency  "+k.name, func() error {
-					run, err := r.runD(ctx, k, rep, dPerRep)
+					run, err := r.runD(ctx, k, rep, dPerRep, p.DDuration)
 					if err == nil {
 						r.res.D = append(r.res.D, run)
 					}

@@ -400,6 +400,10 @@ func markdownScenarios(b *strings.Builder, res *Results) {
 	if len(res.D) > 0 {
 		rtt := rttP50(res)
 		w("## D handoff latency\n\nOne waiter in a second client; from the holder's Unlock returning to the waiter's Lock returning. ")
+		if p := res.Profile; p.DDuration > 0 {
+			w("Each repetition takes at least %d samples per contender and goes on until it has run %s, so contenders that hand off fast have more samples. ",
+				(p.DSamples+p.Reps-1)/max(p.Reps, 1), p.DDuration)
+		}
 		w("Percentiles over every sample of every repetition; the last column is the per-repetition p50.\n\n")
 		w("| contender | samples | p50 | p99 | p50 in round trips | p50 per rep |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")
 		for _, c := range res.Contenders {

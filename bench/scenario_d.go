@@ -13,7 +13,9 @@ import (
 // 2-12 ms (so the release falls at a random point of a polling waiter's sleep), then
 // releases. A sample is the time from the holder's Unlock returning to the waiter's
 // Lock returning. Samples are spread over the repetitions; the percentiles are
-// taken over all of them.
+// taken over all of them. A cell takes its share of the samples and goes on until
+// it has also run for the profile's DDuration: the p99 of a contender that hands
+// off fast rests on more than its two or three slowest samples.
 
 // DRun is one repetition of scenario D for one contender.
 type DRun struct {
@@ -38,8 +40,9 @@ const (
 	dSampleTimeout = 2 * time.Second
 )
 
-// runD runs one repetition of scenario D, taking n samples.
-func (r *runner) runD(ctx context.Context, kind contenderKind, rep, n int) (DRun, error) {
+// runD runs one repetition of scenario D, taking at least n samples and going on
+// until minDur has passed.
+func (r *runner) runD(ctx context.Context, kind contenderKind, rep, n int, minDur time.Duration) (DRun, error) {
 	run := DRun{Contender: kind.name, Rep: rep}
 	hc, err := kind.open(r.addr)
 	if err != nil {
@@ -55,7 +58,8 @@ func (r *runner) runD(ctx context.Context, kind contenderKind, rep, n int) (DRun
 	holder, waiter := hc.NewLocker(name), wc.NewLocker(name)
 	var errs errorLog
 	var samples []time.Duration
-	for range n {
+	start := time.Now()
+	for i := 0; i < n || time.Since(start) < minDur; i++ {
 		if ctx.Err() != nil {
 			return run, ctx.Err()
 		}
