@@ -412,12 +412,12 @@ func (e *Engine) Lost(lock string, owner uint64) <-chan struct{} {
 	}
 }
 
-// Settle returns once no Unlock, re-entry or local handoff of owner on lock is in
-// flight, and the give-backs of the owner's that were in flight when it was called
-// have been answered (releases of grants nobody received: a cancelled Lock's, a
-// fair leave's, a lost hold's clean-up), so that what Redis then says of the
-// owner's hold reflects every call that has returned, and an early-granted hold
-// (see handoff.go) is on the server.
+// Settle returns once no Unlock, re-entry, attempt or local handoff of owner's (to
+// it or from it) on lock is in flight, and the give-backs of the owner's that were
+// in flight when it was called have been answered (releases of grants nobody
+// received: a cancelled Lock's, a fair leave's, a lost hold's clean-up), so that
+// what Redis then says of the owner's hold reflects every call that has returned,
+// and an early-granted hold (see handoff.go) is on the server.
 // It returns ctx's error if ctx ends first, and ErrClosed once the engine is closed.
 func (e *Engine) Settle(ctx context.Context, lock string, owner uint64) error {
 	f := futures.New[error]()

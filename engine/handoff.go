@@ -151,9 +151,15 @@ func (m *machine) handoff(l *lockState, h *hold, w *waiter, future *futures.Futu
 		m.run(call)
 		return
 	}
+	// The call is w's attempt, as startAttempt's would be: the receiving owner's
+	// calls, and its Settle, wait for it (see serial.go). A Settle that did not
+	// would let an Acquire walked away during the call look as if it held
+	// nothing, and then the grant be taken back after the owner's next call
+	// returned.
 	l.attempting = w
 	l.wakePending = false
 	w.attempting = true
+	m.markBusy(holdKey{l.id, w.owner})
 	m.run(call)
 }
 

@@ -427,7 +427,9 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	if d.call.serial {
 		m.markIdle(holdKey{d.call.lock, d.call.owner}, now)
 	}
-	if d.call.early {
+	if d.call.purpose == purposeHandoff {
+		// Its receiver's calls waited for it: an early grant's (grantEarly) or a
+		// waiter's handoff attempt (handoff).
 		m.markIdle(holdKey{d.call.lock, d.call.receiver}, now)
 	}
 }

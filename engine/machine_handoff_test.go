@@ -276,6 +276,37 @@ func TestMachineSettleWaitsForEarlyHandoff(t *testing.T) {
 	mustGranted(t, "the receiver's settle after the reply", settled)
 }
 
+// Settle waits for a handoff to the owner's waiter that did not grant early, too:
+// that call is the waiter's attempt. An Acquire whose caller walked away during it
+// has returned; a HoldCount after the owner's next call must count the grant the
+// handoff makes, and it goes back only when the reply is in (a storm read
+// HoldCount 1 after a Lock failed, the walked-away Acquire's grant then still on
+// the server, 1 run in 50).
+func TestMachineSettleWaitsForPlainHandoff(t *testing.T) {
+	h := newMH(t)
+	a := h.grantFresh("L", 1, 50*time.Millisecond) // too little lease left to grant early
+	b := h.acquire("L", 2, 0, -1)
+	h.take()
+	h.unlock("L", a.owner)
+	c := h.take().one(t, scripts.LockHandoff)
+	if c.early {
+		t.Fatal("setup: the handoff granted early")
+	}
+	b.cancel() // the caller walks away; its cancelMsg has not come yet
+	settled := h.settle("L", 2)
+	mustPending(t, "the receiver's settle while the handoff is in flight", settled)
+	mustGranted(t, "another owner's settle", h.settle("L", 3))
+	h.m.handle(cancelMsg{id: b.id, err: b.ctx.Err()}, h.now)
+	h.reply(c, replyInt(2), nil) // handed over: the grant goes back
+	gb := h.take().one(t, scripts.LockReleaseOwner)
+	mustPending(t, "the receiver's settle while the grant goes back", settled)
+	h.reply(gb, replyInt(1), nil)
+	mustGranted(t, "the receiver's settle after the give-back", settled)
+	if _, busy := h.m.serial[holdKey{h.lockID("L"), 2}]; busy {
+		t.Error("the receiver's serialization state outlived the handoff")
+	}
+}
+
 // Settle also waits for the owner's abandon in flight: the give-back of a grant
 // whose caller's context ended first. Until its reply, Redis still counts it.
 func TestMachineSettleWaitsForAbandon(t *testing.T) {

@@ -16,7 +16,9 @@ import "time"
 // Queued attempts are serialized too: a handle shared by goroutines may hold the
 // lock through one goroutine while another's Lock waits in the queue, and that
 // waiter's attempt is then a re-entry of the same field (startAttempt; for a fair
-// lock, fairAdvance and fairReenter).
+// lock, fairAdvance and fairReenter). A local handoff to a waiter is that waiter's
+// attempt, and its owner's call as much as the releasing owner's (handoff,
+// grantEarly).
 
 // maxFreeCalls bounds machine.freeCalls, the ownerCalls kept for reuse: one per
 // Unlock otherwise.

@@ -601,9 +601,11 @@ var (
 func stormMutex(c *lockapi.Client, name string, fair bool) *lockapi.Mutex {
 	stormCountsMu.Lock()
 	defer stormCountsMu.Unlock()
-	m := c.Mutex(name)
+	var m *lockapi.Mutex
 	if fair {
 		m = c.FairMutex(name)
+	} else {
+		m = c.Mutex(name) // not both: each handle takes a number
 	}
 	stormCounts[c]++
 	stormOwners.Store(m, stormCounts[c])
