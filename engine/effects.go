@@ -78,7 +78,7 @@ const (
 	kindLinger                      // an idle lock's subscription may be dropped
 	kindFairRetry                   // a fair-lock waiter retries (the one ahead may have timed out)
 	kindForget                      // idle lock states are dropped (see locks.go)
-	kindLeaveRetry                  // a fair leave that failed is sent again (see retryLeaveLater)
+	kindLeaveRetry                  // a leave that failed is sent again (see retryLeaveLater)
 )
 
 // timerOp arms (d >= 0) or cancels (cancel) one timer entry.

@@ -471,16 +471,23 @@ func (m *machine) fairLeaveOwner(l *lockState, owner uint64, field string) {
 	})
 }
 
-// retryLeaveLater sends a fair leave again after a back-off when its retry failed
-// too (a transport error twice), and reports whether it will. A leave that never
-// runs leaves its waiter's entry in the Redis queue, where, once it heads the
-// queue, it keeps every waiter of every process out until its deadline passes
-// (the wait allowance: five minutes by default). So a leave is sent until it
-// runs, or the client closes; meanwhile the owner counts as leaving, so its next
-// attempt, which would take the same entry, waits.
+// retryLeaveLater sends a leave again after a back-off when its retry failed too
+// (a transport error twice), and reports whether it will: a fair leave, or the
+// reentrant lock's lock_leave (directgrant.go).
+//
+// A fair leave that never runs leaves its waiter's entry in the Redis queue,
+// where, once it heads the queue, it keeps every waiter of every process out until
+// its deadline passes (the wait allowance: five minutes by default); a lock_leave
+// that never runs leaves a direct grant to a gone waiter holding the lock for
+// nobody until its lease ends, and the waiter's registration in Redis, where each
+// release grants to it (and this client gives it back) until it expires. So a
+// leave is sent until it runs, or the client closes; meanwhile the owner counts
+// as leaving (a lock_leave's waiter, if still there, as w.leaving), so its next
+// attempt, which would take the same entry or grant, waits.
 func (m *machine) retryLeaveLater(d scriptDone) bool {
 	l := m.lockByID[d.call.lock]
-	if d.call.purpose != purposeLeave || d.err == nil || isRedisError(d.err) || m.closing || l == nil {
+	leave := d.call.purpose == purposeLeave || d.call.script == scripts.LockLeave
+	if !leave || d.err == nil || isRedisError(d.err) || m.closing || l == nil {
 		return false
 	}
 	call := d.call
@@ -503,10 +510,16 @@ func (m *machine) onLeaveRetry(id uint64) {
 	if l := m.lockByID[call.lock]; l != nil {
 		l.inflight-- // run counts it again
 	}
-	// fair_leave's ARGV[4] is now on this client's clock: the deadlines it sets
-	// and purges by must not be an outage old.
 	call.args = slices.Clone(call.args)
-	call.args[3] = wallMillis(m.now)
+	if call.script == scripts.LockLeave {
+		// Its registration of the next waiter (ARGV[6]) would be stale by now, and
+		// that waiter may be gone: its attempts register it again.
+		call.args[5] = ""
+	} else {
+		// fair_leave's ARGV[4] is now on this client's clock: the deadlines it
+		// sets and purges by must not be an outage old.
+		call.args[3] = wallMillis(m.now)
+	}
 	m.run(call)
 }
 

@@ -369,3 +369,48 @@ func TestMachineYieldOnlyRegisteredHeads(t *testing.T) {
 		t.Fatalf("an unregistered head yielded on a public message: %v", s)
 	}
 }
+
+// A lock_leave whose retry fails too is sent again after a back-off until it runs,
+// without the registration of the next waiter it carried (stale by then): left
+// undone, a direct grant to the gone waiter would hold the lock for nobody until
+// its lease ends, and its registration would outlive it in Redis (found by a storm
+// that kills connections: the registration keys outlived it, 1 run in 70).
+func TestMachineDirectGrantLeaveRetriedUntilItRuns(t *testing.T) {
+	h := withGrants(t)
+	w, att := h.registeredWaiter(t, "L", 1)
+	h.reply(att, replyPTTL(30*time.Second), nil)
+	h.take()
+	next := h.acquire("L", 2, 0, -1)
+	h.take().none(t)
+	h.cancelCtx(w)
+	first := h.take().one(t, scripts.LockLeave)
+	if first.args[5] == "" {
+		t.Fatalf("setup: leave args %q, want the next waiter's registration", first.args)
+	}
+	h.reply(first, scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.LockLeave), scripts.Reply{}, errConn) // retryOnce's
+	for try := range 3 {
+		s := h.take()
+		if len(s.scripts) != 0 {
+			t.Fatalf("try %d: sent again at once, want after a back-off: %v", try, s)
+		}
+		armed := s.armed(kindLeaveRetry)
+		if len(armed) != 1 || armed[0].d < minBackoff {
+			t.Fatalf("try %d: want one leave retry armed after a back-off: %v", try, s)
+		}
+		h.fire(armed[0].key)
+		again := h.take().one(t, scripts.LockLeave)
+		if again.args[1] != fmt.Sprint(w.id) || again.args[2] != h.m.grantFieldOf(w.id) || again.args[5] != "" {
+			t.Fatalf("try %d: leave args %q, want w's id and field and no registration", try, again.args)
+		}
+		if try < 2 {
+			h.reply(again, scripts.Reply{}, errConn)
+			continue
+		}
+		h.reply(again, replyInt(0), nil)
+	}
+	if len(h.m.leaveRetries) != 0 {
+		t.Fatalf("leave retries %v after the leave ran", h.m.leaveRetries)
+	}
+	mustPending(t, "the next waiter", next.future)
+}
