@@ -520,9 +520,11 @@ func (m *machine) finish(w *waiter, err error) {
 		// Its last attempt may have run: a waiter that gives up during the back-off
 		// after a transport error (its context, its wait, Close) must not leave
 		// the lock held by nobody until its lease ends. Unless another call of the
-		// owner's is in flight (a TryLock of the same handle): the owner-guarded
-		// cleanup could run after it and delete the hold it takes, so then the
-		// lock ends with its lease, as it did before this cleanup existed.
+		// owner's is in flight (a TryLock of the same handle, a handoff to
+		// another of its waiters): the owner-guarded cleanup could run after it
+		// and delete the hold it takes, so then the lock ends with its lease, as
+		// it did before this cleanup existed. (A refused handoff to w itself is
+		// not another call: see handoffRefused.)
 		w.ambiguous = false
 		if k := (holdKey{l.id, w.owner}); !m.ownerBusy(k) {
 			m.undoAmbiguous(w)
@@ -614,6 +616,27 @@ func (m *machine) takeBackWalkedAway(l *lockState, owner uint64) {
 	for _, id := range slices.Clone(h.receipts) {
 		if r := m.receipts[id]; r != nil && r.ctx.Err() != nil {
 			m.takeBack(r, r.ctx.Err())
+		}
+	}
+}
+
+// cancelWalkedAway handles now the cancellation of the owner's waiters on l whose
+// contexts have ended: an Acquire caller that took its context's end has returned,
+// and a HoldCount after it must wait for what its waiter's cancellation sends (a
+// fair waiter's leave, which gives back a grant made to it by another process's
+// release and not heard of yet), not count that grant; its cancellation message
+// (context.AfterFunc's goroutine) may come later, and then finds nothing to do.
+// It walks l's queue: HoldCount, its one caller, is not a hot path.
+func (m *machine) cancelWalkedAway(l *lockState, owner uint64, now time.Time) {
+	var gone []uint64
+	for w := l.queue.head; w != nil; w = w.next {
+		if w.owner == owner && w.cancelErr == nil && w.ctx.Err() != nil {
+			gone = append(gone, w.id)
+		}
+	}
+	for _, id := range gone {
+		if w := m.waiters[id]; w != nil {
+			m.onCancel(cancelMsg{id: id, err: w.ctx.Err()}, now)
 		}
 	}
 }

@@ -59,7 +59,7 @@ type scriptCall struct {
 	releaserLost *futures.Signal
 	// firstSent: on a retry, when the first try was sent.
 	firstSent time.Time
-	// backoff: on a fair leave sent again after transport errors, how long it
+	// backoff: on a leave sent again after transport errors, how long it
 	// waited before this send (see retryLeaveLater).
 	backoff time.Duration
 	unlock  *futures.Future[error]

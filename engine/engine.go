@@ -417,7 +417,9 @@ func (e *Engine) Lost(lock string, owner uint64) <-chan struct{} {
 // in flight when it was called have been answered (releases of grants nobody
 // received: a cancelled Lock's, a fair leave's, a lost hold's clean-up), so that
 // what Redis then says of the owner's hold reflects every call that has returned,
-// and an early-granted hold (see handoff.go) is on the server.
+// and an early-granted hold (see handoff.go) is on the server. An Acquire whose
+// caller took its context's end counts as returned: its waiter is cancelled and
+// an unreceived grant taken back first, if their cancellation has not come yet.
 // It returns ctx's error if ctx ends first, and ErrClosed once the engine is closed.
 func (e *Engine) Settle(ctx context.Context, lock string, owner uint64) error {
 	f := futures.New[error]()

@@ -245,7 +245,7 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 			l.chain = 0
 		}
 		d.call.unlock.Complete(nil)
-		m.handoffRefused(w)
+		m.handoffRefused(w, d.call)
 		switch {
 		case d.reply.Int == 1 && l != nil && l.fair == nil:
 			m.yieldToPublic(l) // released to everyone: others first (directgrant.go)
@@ -266,7 +266,7 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 		}
 	case d.reply.Nil: // the releasing owner had lost the lock: the waiter retries normally
 		d.call.unlock.Complete(m.unlockFoundLost(holdKey{d.call.lock, d.call.owner}, h))
-		m.handoffRefused(w)
+		m.handoffRefused(w, d.call)
 	default: // the releasing owner still holds it
 		if h != nil && h.count > 1 {
 			h.count--
@@ -274,7 +274,7 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 			m.dropSurplus(h)
 		}
 		d.call.unlock.Complete(nil)
-		m.handoffRefused(w)
+		m.handoffRefused(w, d.call)
 	}
 	if l != nil {
 		m.advance(l, now)
@@ -282,16 +282,29 @@ func (m *machine) onHandoffDone(d scriptDone, now time.Time) {
 	}
 }
 
-// handoffRefused answers a waiter whose handoff did not happen if it was cancelled
-// or ran out of time meanwhile; otherwise it stays at the head.
-func (m *machine) handoffRefused(w *waiter) {
-	switch {
-	case w == nil:
-	case w.cancelErr != nil:
-		m.finish(w, w.cancelErr)
-	case w.expired:
-		m.finish(w, ErrNotAcquired)
+// handoffRefused answers a waiter whose handoff call did not hand over if it was
+// cancelled or ran out of time meanwhile; otherwise it stays at the head. The call
+// was the waiter's attempt, and its owner still counts busy with it (see
+// onScriptDone): what an earlier attempt of the waiter's may have taken is cleaned
+// up now unless another call of the owner's is in flight (see finish).
+func (m *machine) handoffRefused(w *waiter, call scriptCall) {
+	if w == nil || (w.cancelErr == nil && !w.expired) {
+		return
 	}
+	k := holdKey{w.lock.id, w.owner}
+	own := 1 // the call, as the waiter's attempt
+	if call.owner == w.owner {
+		own++ // and as its owner's release
+	}
+	if q := m.serial[k]; w.ambiguous && q != nil && q.busy <= own {
+		w.ambiguous = false
+		m.undoAmbiguous(w)
+	}
+	err := w.cancelErr
+	if err == nil {
+		err = ErrNotAcquired
+	}
+	m.finish(w, err)
 }
 
 // onEarlyHandoffDone reads the reply of a handoff that granted early: it confirms

@@ -61,7 +61,7 @@ type machine struct {
 	afterGiveBacks map[holdKey][]parkedMsg // requests waiting for the owner's give-backs
 	parkedAcquires map[uint64]holdKey      // direct acquires parked in either place, by waiter id (see parkAcquire)
 	holdByID       map[uint64]*hold
-	leaveRetries   map[uint64]scriptCall // fair leaves waiting to be sent again, by timer id (see retryLeaveLater)
+	leaveRetries   map[uint64]scriptCall // leaves waiting to be sent again, by timer id (see retryLeaveLater)
 	leaveRetrySeq  uint64
 
 	nextID        uint64 // ids of locks and holds

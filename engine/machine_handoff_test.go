@@ -307,6 +307,35 @@ func TestMachineSettleWaitsForPlainHandoff(t *testing.T) {
 	}
 }
 
+// A waiter whose attempt failed on the connection (it may have run) and whose plain
+// handoff is then refused after it was cancelled cleans up what that attempt may
+// have taken: the handoff, which keeps its owner busy until its reply is read, is
+// not another call of the owner's that the cleanup must wait for (found in review:
+// the lock stayed held for nobody until its lease ran out).
+func TestMachineRefusedHandoffCleansUpAmbiguousAttempt(t *testing.T) {
+	h := newMH(t)
+	a := h.grantFresh("L", 1, 50*time.Millisecond) // too little lease left to grant early
+	b := h.acquire("L", 2, 0, -1)
+	h.take()
+	h.notice("L")
+	h.reply(h.take().one(t, scripts.LockAcquire), scripts.Reply{}, errConn) // may have run
+	h.take()
+	h.unlock("L", a.owner)
+	c := h.take().one(t, scripts.LockHandoff)
+	if c.early {
+		t.Fatal("setup: the handoff granted early")
+	}
+	h.cancelCtx(b)
+	h.reply(c, replyNil, nil) // a's field was gone: not handed over
+	cleanups := h.take().calls(scripts.LockReleaseOwner)
+	if len(cleanups) != 1 || cleanups[0].args[1] != "cid:2" {
+		t.Fatalf("cleanups %v, want one of owner 2's field", cleanups)
+	}
+	if err := mustGet(t, "the cancelled waiter", b.future); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the cancelled waiter got %v, want context.Canceled", err)
+	}
+}
+
 // Settle also waits for the owner's abandon in flight: the give-back of a grant
 // whose caller's context ended first. Until its reply, Redis still counts it.
 func TestMachineSettleWaitsForAbandon(t *testing.T) {
@@ -360,6 +389,31 @@ func TestMachineSettleWaitsForFairGiveBack(t *testing.T) {
 	if n := len(h.m.giveBacks) + len(h.m.afterGiveBacks); n != 0 {
 		t.Errorf("%d give-back or settle entries left", n)
 	}
+}
+
+// A Settle that comes before the cancellation of a waiter whose context has ended
+// (an Acquire walked away; context.AfterFunc posts its cancelMsg later) cancels it
+// itself and waits for what that sends: another process's release may have granted
+// the fair waiter's field already, and its leave gives that back.
+func TestMachineSettleCancelsWalkedAwayWaiter(t *testing.T) {
+	h := newMH(t)
+	w := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // queued in Redis
+	h.take()
+	w.cancel() // its cancelMsg has not come yet
+	settled := h.settle("L", 1)
+	leave := h.take().one(t, scripts.FairLeave)
+	if leave.args[4] != "1" {
+		t.Fatalf("leave args %v: want one that gives back an unheard grant", leave.args)
+	}
+	if err := mustGet(t, "the walked-away waiter", w.future); !errors.Is(err, context.Canceled) {
+		t.Fatalf("the walked-away waiter got %v, want context.Canceled", err)
+	}
+	mustPending(t, "the owner's settle while its leave is in flight", settled)
+	h.reply(leave, replyInt(2), nil)
+	mustGranted(t, "the owner's settle after the leave's reply", settled)
+	h.m.handle(cancelMsg{id: w.id, err: w.ctx.Err()}, h.now) // late: nothing left to do
+	h.take().none(t)
 }
 
 // A Settle waits only for the give-backs in flight when it came: later ones could

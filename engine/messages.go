@@ -56,7 +56,7 @@ type (
 	// closeMsg starts the engine's shutdown.
 	closeMsg struct{}
 	// settleMsg: complete future once owner has no serialized call on lock in
-	// flight, nor a give-back that was in flight when it came.
+	// flight, nor a give-back that was in flight when it came (see onSettle).
 	settleMsg struct {
 		lock            string
 		owner           uint64

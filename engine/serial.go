@@ -26,7 +26,7 @@ const maxFreeCalls = 256
 
 // ownerCalls is one owner's serialization state.
 type ownerCalls struct {
-	busy    int       // calls its requests wait for: its own, the early handoff or relay that granted it, and a relay's follow-up (see relay.go)
+	busy    int       // calls its requests wait for: its own, a handoff to its waiter (early or not), the relay that granted it, and a relay's follow-up (see relay.go)
 	early   bool      // a call in flight is a handoff that granted this owner early (see handoff.go)
 	pending []message // requests waiting for it, in arrival order
 }
@@ -94,7 +94,10 @@ func (m *machine) ownerBusy(k holdKey) bool {
 }
 
 // onSettle completes a Settle once the owner has no serialized call in flight, and
-// none of its give-backs then in flight is still unanswered.
+// none of its give-backs then in flight is still unanswered. First it handles the
+// walked-away Acquires of the owner's whose cancellation has not come yet: their
+// waiters are cancelled (cancelWalkedAway) and their unreceived grants taken back
+// (takeBackWalkedAway), and what those send is waited for in the same way.
 func (m *machine) onSettle(msg settleMsg) {
 	if m.closing {
 		msg.future.Complete(ErrClosed) // Close's releases may be in flight
@@ -106,6 +109,7 @@ func (m *machine) onSettle(msg settleMsg) {
 		return
 	}
 	k := holdKey{l.id, msg.owner}
+	m.cancelWalkedAway(l, msg.owner, m.now)
 	m.takeBackWalkedAway(l, msg.owner)
 	if m.ownerBusy(k) {
 		m.deferCall(k, msg)

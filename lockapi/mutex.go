@@ -171,10 +171,12 @@ func (m *Mutex) IsLocked(ctx context.Context) (bool, error) {
 
 // HoldCount returns how many times this handle holds the lock (0 when it does not),
 // as Redis counts it. It first waits for this handle's Unlock, re-entry, attempt or
-// local handoff (to it or from it) still in flight, and for the give-backs then in flight of grants the
-// handle never received (one that arrived after its Lock's context ended, say),
+// local handoff (to it or from it) still in flight, and for the give-backs then in
+// flight of grants the handle never received (one that arrived after its Lock's
+// context ended, say),
 // taking back first any grant whose Acquire caller walked away on its context's
-// end, so the count reflects every call of the handle's that returned.
+// end (and cancelling any such caller's waiter), so the count reflects every call
+// of the handle's that returned.
 func (m *Mutex) HoldCount(ctx context.Context) (int, error) {
 	if err := m.c.check(ctx, m.name); err != nil {
 		return 0, err
