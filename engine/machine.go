@@ -525,6 +525,7 @@ func (m *machine) onClose() {
 			m.unsubscribe(l)
 		}
 	}
+	m.unsubscribeGrants()
 	m.sweepArmed = false
 	m.cancelTimer(timer.Key{Kind: kindSweep})
 	for id := range m.leaveRetries {

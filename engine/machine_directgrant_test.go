@@ -414,3 +414,46 @@ func TestMachineDirectGrantLeaveRetriedUntilItRuns(t *testing.T) {
 	}
 	mustPending(t, "the next waiter", next.future)
 }
+
+// Close drops the grant channel, and a grant heard while closing goes back: while
+// this client listened there, other clients' releases counted its registrations as
+// live, and a grant whose message came after the engine stopped would hold the
+// lock for nobody until its lease ended (another client stalled for the lease in a
+// test that closes a client mid-contention, 1 run in 60 under load).
+func TestMachineCloseDropsGrantChannel(t *testing.T) {
+	h := withGrants(t)
+	w, att := h.registeredWaiter(t, "L", 1)
+	h.reply(att, replyPTTL(30*time.Second), nil)
+	h.take()
+	h.m.handle(closeMsg{}, h.now)
+	s := h.take()
+	var dropped bool
+	for _, op := range s.unsubscribes() {
+		dropped = dropped || op.channel == h.m.grantChannel
+	}
+	if !dropped {
+		t.Fatalf("Close's effects %v: want the grant channel unsubscribed", s)
+	}
+	leave := s.one(t, scripts.LockLeave) // the waiter's registration goes
+	h.grantMessage(w)                    // made before the leave ran, heard before the unsubscription's reply
+	back := h.take().one(t, scripts.LockLeave)
+	if back.args[2] != h.m.grantFieldOf(w.id) {
+		t.Fatalf("give-back of field %q, want w's grant field", back.args[2])
+	}
+	h.reply(leave, replyInt(0), nil)
+	h.reply(back, replyInt(1), nil)
+	h.m.handle(unsubscribeDone{}, h.now)
+	if h.m.grantSub != subNone {
+		t.Errorf("grant subscription state %v after the unsubscription, want none", h.m.grantSub)
+	}
+
+	// A subscription still on its way at Close is dropped once confirmed.
+	h = newMH(t)
+	h.m.grantSub = subSubscribing
+	h.m.handle(closeMsg{}, h.now)
+	h.take()
+	h.m.handle(subscribeDone{}, h.now)
+	if s := h.take().unsubscribes(); len(s) != 1 || s[0].channel != h.m.grantChannel {
+		t.Fatalf("unsubscribes %v after the late confirmation, want the grant channel's", s)
+	}
+}

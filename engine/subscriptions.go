@@ -107,6 +107,10 @@ func (m *machine) subOp(l *lockState, unsubscribe bool) subOp {
 }
 
 func (m *machine) onUnsubscribed(msg unsubscribeDone, now time.Time) {
+	if msg.lock == 0 { // the grant channel (unsubscribeGrants)
+		m.grantSub = subNone
+		return
+	}
 	l := m.lockByID[msg.lock]
 	if l == nil {
 		return
