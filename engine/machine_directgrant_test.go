@@ -46,6 +46,19 @@ func (h *mh) grantMessage(w *tw) {
 
 var replyClaimed = scripts.Reply{Int: -3}
 
+// registeredLeaves queues a registered waiter w of owner 1 on "L" and a waiter
+// next of owner 2 behind it, then cancels w; it returns them and w's lock_leave.
+func (h *mh) registeredLeaves(t *testing.T) (w, next *tw, leave scriptCall) {
+	t.Helper()
+	w, att := h.registeredWaiter(t, "L", 1)
+	h.reply(att, replyPTTL(30*time.Second), nil)
+	h.take()
+	next = h.acquire("L", 2, 0, -1)
+	h.take().none(t)
+	h.cancelCtx(w)
+	return w, next, h.take().one(t, scripts.LockLeave)
+}
+
 // heldByGrant makes owner hold lock by a direct grant taken from its message; the
 // effects are consumed up to the grant, which made none.
 func (h *mh) heldByGrant(t *testing.T, lock string, owner uint64) *tw {
@@ -98,13 +111,7 @@ func TestMachineDirectGrantClaimedThenMessage(t *testing.T) {
 // place in the same call.
 func TestMachineDirectGrantLeave(t *testing.T) {
 	h := withGrants(t)
-	w, att := h.registeredWaiter(t, "L", 1)
-	h.reply(att, replyPTTL(30*time.Second), nil)
-	h.take()
-	next := h.acquire("L", 2, 0, -1)
-	h.take().none(t)
-	h.cancelCtx(w)
-	leave := h.take().one(t, scripts.LockLeave)
+	w, next, leave := h.registeredLeaves(t)
 	if leave.args[1] != fmt.Sprint(w.id) || leave.args[2] != h.m.grantFieldOf(w.id) || leave.args[5] == "" {
 		t.Fatalf("leave args %q, want w's id and field and the next waiter's registration", leave.args)
 	}
@@ -377,38 +384,17 @@ func TestMachineYieldOnlyRegisteredHeads(t *testing.T) {
 // that kills connections: the registration keys outlived it, 1 run in 70).
 func TestMachineDirectGrantLeaveRetriedUntilItRuns(t *testing.T) {
 	h := withGrants(t)
-	w, att := h.registeredWaiter(t, "L", 1)
-	h.reply(att, replyPTTL(30*time.Second), nil)
-	h.take()
-	next := h.acquire("L", 2, 0, -1)
-	h.take().none(t)
-	h.cancelCtx(w)
-	first := h.take().one(t, scripts.LockLeave)
+	w, next, first := h.registeredLeaves(t)
 	if first.args[5] == "" {
 		t.Fatalf("setup: leave args %q, want the next waiter's registration", first.args)
 	}
 	h.reply(first, scripts.Reply{}, errConn)
 	h.reply(h.take().one(t, scripts.LockLeave), scripts.Reply{}, errConn) // retryOnce's
-	for try := range 3 {
-		s := h.take()
-		if len(s.scripts) != 0 {
-			t.Fatalf("try %d: sent again at once, want after a back-off: %v", try, s)
-		}
-		armed := s.armed(kindLeaveRetry)
-		if len(armed) != 1 || armed[0].d < minBackoff {
-			t.Fatalf("try %d: want one leave retry armed after a back-off: %v", try, s)
-		}
-		h.fire(armed[0].key)
-		again := h.take().one(t, scripts.LockLeave)
+	h.leaveResentAfterBackOffs(t, scripts.LockLeave, replyInt(0), nil, func(try int, again scriptCall) {
 		if again.args[1] != fmt.Sprint(w.id) || again.args[2] != h.m.grantFieldOf(w.id) || again.args[5] != "" {
 			t.Fatalf("try %d: leave args %q, want w's id and field and no registration", try, again.args)
 		}
-		if try < 2 {
-			h.reply(again, scripts.Reply{}, errConn)
-			continue
-		}
-		h.reply(again, replyInt(0), nil)
-	}
+	})
 	if len(h.m.leaveRetries) != 0 {
 		t.Fatalf("leave retries %v after the leave ran", h.m.leaveRetries)
 	}

@@ -304,28 +304,13 @@ func TestMachineFairLeaveRetriedUntilItRuns(t *testing.T) {
 	h := newMH(t)
 	h.fairLeaveFailedTwice(t, "L", 1)
 	settled := h.settle("L", 1)
-	for try := range 3 {
-		s := h.take()
-		if len(s.scripts) != 0 {
-			t.Fatalf("try %d: sent again at once, want after a back-off: %v", try, s)
-		}
-		armed := s.armed(kindLeaveRetry)
-		if len(armed) != 1 || armed[0].d < minBackoff {
-			t.Fatalf("try %d: want one leave retry armed after a back-off: %v", try, s)
-		}
+	h.leaveResentAfterBackOffs(t, scripts.FairLeave, replyInt(2), func(int) {
 		mustPending(t, "settle while the leave is pending", settled)
 		if h.lock("L").leaving[1] == 0 {
 			t.Fatal("the owner stopped counting as leaving before its leave ran")
 		}
-		h.fire(armed[0].key)
-		again := h.take().one(t, scripts.FairLeave)
-		if try < 2 {
-			h.reply(again, scripts.Reply{}, errConn)
-			continue
-		}
-		h.reply(again, replyInt(2), nil)
-		mustGranted(t, "settle after the leave ran", settled)
-	}
+	}, nil)
+	mustGranted(t, "settle after the leave ran", settled)
 	if len(h.m.leaveRetries) != 0 || h.lock("L").leaving[1] != 0 {
 		t.Fatalf("leave retries %v, leaving %v after the leave ran", h.m.leaveRetries, h.lock("L").leaving)
 	}
@@ -395,6 +380,37 @@ func TestMachineFairLeaveRetryIsDatedAfresh(t *testing.T) {
 	again := h.take().one(t, scripts.FairLeave)
 	if want := wallMillis(h.now); again.args[3] != want || first.args[3] == want {
 		t.Fatalf("re-sent leave's now %s (first %s), want %s", again.args[3], first.args[3], want)
+	}
+}
+
+// leaveResentAfterBackOffs checks that a leave (script id) whose send and one
+// retry failed is sent again after a back-off, three times over: the first two of
+// those sends fail too, and the third is answered ok. before, if set, runs before
+// each send; check, if set, checks it.
+func (h *mh) leaveResentAfterBackOffs(t *testing.T, id scripts.ID, ok scripts.Reply, before func(try int), check func(try int, c scriptCall)) {
+	t.Helper()
+	for try := range 3 {
+		s := h.take()
+		if len(s.scripts) != 0 {
+			t.Fatalf("try %d: sent again at once, want after a back-off: %v", try, s)
+		}
+		armed := s.armed(kindLeaveRetry)
+		if len(armed) != 1 || armed[0].d < minBackoff {
+			t.Fatalf("try %d: want one leave retry armed after a back-off: %v", try, s)
+		}
+		if before != nil {
+			before(try)
+		}
+		h.fire(armed[0].key)
+		again := h.take().one(t, id)
+		if check != nil {
+			check(try, again)
+		}
+		if try < 2 {
+			h.reply(again, scripts.Reply{}, errConn)
+			continue
+		}
+		h.reply(again, ok, nil)
 	}
 }
 
