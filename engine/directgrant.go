@@ -135,8 +135,8 @@ func (m *machine) onGrantsSubscribed(err error, now time.Time) {
 // listens there, other clients' releases count its registrations as live and
 // grant to them; a grant whose message came after the engine had stopped would
 // hold the lock for nobody until its lease ended (a test that closes a client
-// mid-contention saw the other client stall for the lease, 1 run in 60 under
-// load). Once the channel is dropped, lock_lib.lua counts this client's
+// mid-contention saw the other client stall for the lease, 2 runs in 288 with
+// 16 in parallel). Once the channel is dropped, lock_lib.lua counts this client's
 // registrations as dead; a grant made before that is heard before the
 // unsubscription's reply (one connection, in order), and given back
 // (onGrantMessage) before Close ends.
