@@ -113,18 +113,11 @@ func TestAdvMutexCloseMidContention(t *testing.T) {
 			}
 			return gs
 		}
-		deadline := time.Now().Add(20 * time.Second)
-		for len(behind()) > 0 && time.Now().Before(deadline) {
-			time.Sleep(3 * time.Millisecond) // polling
-		}
-		if gs := behind(); len(gs) > 0 {
+		if !within(20*time.Second, func() bool { return len(behind()) == 0 }) {
 			// What the lock and the staying client look like, for whoever looks
 			// into it.
-			t.Errorf("round %d: after 20s the staying goroutines %v had not acquired 10 more times; "+
-				"server: HGETALL %q PTTL %s, registrations %q %q, unlock-channel listeners %q; staying client %+v",
-				round, gs, do(t, srv, "HGETALL", name), do(t, srv, "PTTL", name),
-				do(t, srv, "HGETALL", "leash_lock_reg:{"+name+"}"), do(t, srv, "LRANGE", "leash_lock_regq:{"+name+"}", "0", "-1"),
-				do(t, srv, "PUBSUB", "NUMSUB", "redisson_lock__channel:{"+name+"}"), stats(t, stay))
+			t.Errorf("round %d: after 20s the staying goroutines %v had not acquired 10 more times; server: %s; staying client %+v",
+				round, behind(), lockServerState(t, srv, name), stats(t, stay))
 		}
 		close(stop)
 		stressWait(t, &wg, 30*time.Second, "the goroutines")

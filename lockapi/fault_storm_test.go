@@ -530,8 +530,7 @@ func runStorm(t *testing.T, cfg stormConfig) {
 				t.Logf("client %d (%s) stats: %+v", ci, c.ID(), stats(t, c))
 			}
 			for _, n := range names {
-				t.Logf("%s: HGETALL %q PTTL %s numsub %s reg %q regq %q", n, do(t, srv, "HGETALL", n), do(t, srv, "PTTL", n),
-					numSub(t, srv, engine.ChannelName(n)), do(t, srv, "HGETALL", "leash_lock_reg:{"+n+"}"), do(t, srv, "LRANGE", "leash_lock_regq:{"+n+"}", "0", "-1"))
+				t.Logf("%s", lockServerState(t, srv, n))
 			}
 			t.Logf("keys: %q", do(t, srv, "KEYS", "*"))
 			tr.errsMu.Lock()

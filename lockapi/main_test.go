@@ -30,15 +30,33 @@ func TestMain(m *testing.M) { testredis.Main(m) }
 // if it does not within timeout. Call it from the test goroutine only.
 func eventually(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
+	if !within(timeout, cond) {
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
+
+// within polls cond every few milliseconds until it holds or timeout passes, and
+// reports whether it held: eventually for a test that reports more on a timeout.
+func within(timeout time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(timeout)
 	tick := time.NewTicker(3 * time.Millisecond)
 	defer tick.Stop()
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+			return false
 		}
 		<-tick.C
 	}
+	return true
+}
+
+// lockServerState describes a reentrant lock's keys on the server, for failure
+// reports: its hash and PTTL, its unlock channel's listeners, and its direct-grant
+// registrations.
+func lockServerState(t *testing.T, srv *testredis.Server, name string) string {
+	t.Helper()
+	return fmt.Sprintf("%s: HGETALL %q PTTL %s numsub %s reg %q regq %q", name, do(t, srv, "HGETALL", name), do(t, srv, "PTTL", name),
+		numSub(t, srv, engine.ChannelName(name)), do(t, srv, "HGETALL", "leash_lock_reg:{"+name+"}"), do(t, srv, "LRANGE", "leash_lock_regq:{"+name+"}", "0", "-1"))
 }
 
 // lockName returns a key name unique to the test (and to tag, when a test needs
