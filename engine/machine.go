@@ -130,6 +130,8 @@ func (m *machine) handle(msg message, now time.Time) {
 		m.onSettle(msg)
 	case statsMsg:
 		msg.future.Complete(m.snapshot())
+	case describeMsg:
+		msg.future.Complete(m.describe(msg.lock, now))
 	case fieldMsg:
 		msg.future.Complete(m.holdField(msg.lock, msg.owner))
 	case cancelMsg:

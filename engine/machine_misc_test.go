@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -206,5 +207,26 @@ func TestMachineIgnoresStrayMessages(t *testing.T) {
 	h.take().none(t)
 	if h.hold("L", 1) == nil {
 		t.Fatal("hold lost")
+	}
+}
+
+func TestMachineDescribeLock(t *testing.T) {
+	h := newMH(t)
+	describe := func() string {
+		f := futures.New[string]()
+		h.m.handle(describeMsg{lock: "L", future: f}, h.now)
+		return <-f.C()
+	}
+	if got := describe(); !strings.Contains(got, "L: no state") {
+		t.Errorf("before any use: %q", got)
+	}
+	h.grantFresh("L", 1, 0)
+	h.acquire("L", 2, 0, -1) // queued behind the local hold
+	h.take()
+	got := describe()
+	for _, want := range []string{"hold owner 1 count 1", "1 waiters [w", "owner 2 refused false"} {
+		if !strings.Contains(got, want) {
+			t.Errorf("describe = %q, want it to contain %q", got, want)
+		}
 	}
 }

@@ -116,8 +116,8 @@ func TestAdvMutexCloseMidContention(t *testing.T) {
 		if !within(20*time.Second, func() bool { return len(behind()) == 0 }) {
 			// What the lock and the staying client look like, for whoever looks
 			// into it.
-			t.Errorf("round %d: after 20s the staying goroutines %v had not acquired 10 more times; server: %s; staying client %+v",
-				round, behind(), lockServerState(t, srv, name), stats(t, stay))
+			t.Errorf("round %d: after 20s the staying goroutines %v had not acquired 10 more times; server: %s; staying client %+v; its engine: %s",
+				round, behind(), lockServerState(t, srv, name), stats(t, stay), lockapi.DescribeLock(stay, name))
 		}
 		close(stop)
 		stressWait(t, &wg, 30*time.Second, "the goroutines")

@@ -531,6 +531,11 @@ func runStorm(t *testing.T, cfg stormConfig) {
 			}
 			for _, n := range names {
 				t.Logf("%s", lockServerState(t, srv, n))
+				for ci, c := range cs {
+					if !(cfg.closeOne && ci == 0) {
+						t.Logf("client %d: %s", ci, lockapi.DescribeLock(c, n))
+					}
+				}
 			}
 			t.Logf("keys: %q", do(t, srv, "KEYS", "*"))
 			tr.errsMu.Lock()
