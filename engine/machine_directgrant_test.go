@@ -443,3 +443,31 @@ func TestMachineCloseDropsGrantChannel(t *testing.T) {
 		t.Fatalf("unsubscribes %v after the late confirmation, want the grant channel's", s)
 	}
 }
+
+// A Subscribe that failed after the lock's last waiter left: the lock does not
+// count as subscribed (lingering as if it were, it would let the next waiter wait
+// for messages that may never come); what the registry kept is unsubscribed, and
+// the next waiter subscribes afresh once that is done.
+func TestMachineSubscribeFailedAfterQueueEmptied(t *testing.T) {
+	h := newMH(t, func(c *config) { c.linger = 250 * time.Millisecond })
+	h.grantFresh("L", 100, 0)
+	w := h.acquire("L", 1, 0, -1)
+	if subs := h.take().subscribes(); len(subs) != 1 {
+		t.Fatalf("parked waiter: %d subscribes, want 1", len(subs))
+	}
+	h.cancelCtx(w)
+	h.take()
+	h.m.handle(subscribeDone{lock: h.lockID("L"), err: errConn}, h.now)
+	if l := h.lock("L"); l.sub == subSubscribed {
+		t.Fatal("the lock counts as subscribed after its Subscribe failed")
+	}
+	if us := h.take().unsubscribes(); len(us) != 1 {
+		t.Fatalf("%d unsubscribes of what the failed Subscribe left, want 1", len(us))
+	}
+	h.acquire("L", 2, 0, -1)
+	h.take()
+	h.m.handle(unsubscribeDone{lock: h.lockID("L")}, h.now)
+	if subs := h.take().subscribes(); len(subs) != 1 {
+		t.Fatalf("the next waiter: %d subscribes, want 1", len(subs))
+	}
+}

@@ -38,12 +38,19 @@ func (m *machine) onSubscribed(msg subscribeDone, now time.Time) {
 	if l == nil {
 		return
 	}
-	if msg.err != nil && l.queue.len > 0 && !m.closing {
+	if msg.err != nil && !m.closing {
 		// Not confirmed (a timeout, no connection): whether messages will come is
 		// unknown, and a release that finds nobody listening publishes nothing.
-		// The head retries soon, and subscribes again if refused.
+		// The head retries soon, and subscribes again if refused. With no waiter
+		// left, what the registry kept goes (lingerOrUnsubscribe): counted as
+		// subscribed, the lock would let a waiter that comes during its linger
+		// wait for messages that may never come.
 		l.sub = subNone
 		l.subLeft = true
+		if l.queue.len == 0 {
+			m.lingerOrUnsubscribe(l)
+			return
+		}
 		l.parked = false
 		m.armRetry(l, subscribeRetry)
 		return

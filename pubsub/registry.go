@@ -30,6 +30,14 @@ type Registry struct {
 	onMessage   Handler
 	onReconnect func()
 
+	// sends orders the SUBSCRIBE and UNSUBSCRIBE commands that race for one
+	// channel: Subscribe and Unsubscribe send under its read lock (the engine
+	// never runs two of them for one channel at once), and a new connection's
+	// clean-up (see serve) decides what to drop and sends it under its write
+	// lock, so no Subscribe can register a channel after that decision and have
+	// its SUBSCRIBE reach the server before the clean-up's UNSUBSCRIBE.
+	sends sync.RWMutex
+
 	mu       sync.Mutex
 	channels map[topic]struct{}        // channels and patterns that should be subscribed
 	pending  map[topic][]chan struct{} // Subscribe calls waiting for the server's confirmation
@@ -117,9 +125,11 @@ func (r *Registry) PUnsubscribe(ctx context.Context, pattern string) {
 }
 
 func (r *Registry) subscribe(ctx context.Context, channel topic) error {
+	r.sends.RLock()
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
+		r.sends.RUnlock()
 		return ErrClosed
 	}
 	r.channels[channel] = struct{}{}
@@ -127,13 +137,16 @@ func (r *Registry) subscribe(ctx context.Context, channel topic) error {
 	conn := r.conn
 	if conn == nil {
 		r.mu.Unlock()
+		r.sends.RUnlock()
 		return ErrDisconnected
 	}
 	confirmed := make(chan struct{})
 	r.pending[channel] = append(r.pending[channel], confirmed)
 	r.mu.Unlock()
 
-	if err := conn.dc.Do(ctx, channel.subscribe(conn.dc)).Error(); err != nil {
+	err := conn.dc.Do(ctx, channel.subscribe(conn.dc)).Error()
+	r.sends.RUnlock()
+	if err != nil {
 		r.dropPending(channel, confirmed)
 		return err
 	}
@@ -169,6 +182,8 @@ func (r *Registry) dropPending(channel topic, c chan struct{}) {
 }
 
 func (r *Registry) unsubscribe(ctx context.Context, channel topic) {
+	r.sends.RLock()
+	defer r.sends.RUnlock()
 	r.mu.Lock()
 	delete(r.channels, channel)
 	conn := r.conn
@@ -261,6 +276,7 @@ func (r *Registry) serve(backoff *time.Duration) bool {
 	if len(cmds) == 0 {
 		cmds = append(cmds, dc.B().Ping().Build())
 	}
+	testHooks.snapshotSending()
 	ok := true
 	for _, res := range dc.DoMulti(ctx, cmds...) {
 		if res.Error() != nil {
@@ -283,11 +299,18 @@ func (r *Registry) serve(backoff *time.Duration) bool {
 	}
 	r.mu.Unlock()
 	// A channel unsubscribed while the snapshot was on its way may have had its
-	// UNSUBSCRIBE reach the server first: drop it again now.
+	// UNSUBSCRIBE reach the server first: drop it again now. The decision and the
+	// sends hold r.sends, so a channel registered again meanwhile (whose
+	// Subscribe has confirmed it) is not dropped after its SUBSCRIBE.
 	if ok {
-		for _, t := range r.dropped(channels, patterns) {
+		r.sends.Lock()
+		drop := r.dropped(channels, patterns)
+		testHooks.dropping()
+		for _, t := range drop {
 			_ = dc.Do(ctx, t.unsubscribe(dc)).Error()
 		}
+		r.sends.Unlock()
+		testHooks.dropped()
 	}
 	cancel()
 	if ok {
@@ -381,4 +404,23 @@ func (r *Registry) startLocked() {
 	r.started = true
 	r.wg.Add(1)
 	go r.run()
+}
+
+// testHooks lets a test of this package act at three points of serve: as the
+// snapshot is about to be sent, between its clean-up's decision of what to drop
+// and the sends (under r.sends), and after them. Its fields are nil outside tests.
+var testHooks registryHooks
+
+type registryHooks struct {
+	onSnapshotSending, onDropping, onDropped func()
+}
+
+func (h *registryHooks) snapshotSending() { call(h.onSnapshotSending) }
+func (h *registryHooks) dropping()        { call(h.onDropping) }
+func (h *registryHooks) dropped()         { call(h.onDropped) }
+
+func call(f func()) {
+	if f != nil {
+		f()
+	}
 }

@@ -227,3 +227,69 @@ func TestCloseIsIdempotentAndFinal(t *testing.T) {
 		t.Fatalf("Subscribe after Close = %v, want ErrClosed", err)
 	}
 }
+
+// TestCleanUpDoesNotDropAChannelSubscribedAgain: a new connection subscribes its
+// snapshot of the channels, then drops those unsubscribed meanwhile (their
+// UNSUBSCRIBE may have reached the server before the snapshot's SUBSCRIBE). A
+// channel subscribed again between that decision and its UNSUBSCRIBE must stay
+// subscribed: the engine, told its Subscribe succeeded, would otherwise wait for
+// messages that never come (a fault storm caught it: a client's waiters heard no
+// release for 20 s while the other client kept the lock among its own).
+// Not parallel: it sets the package's test hooks.
+func TestCleanUpDoesNotDropAChannelSubscribedAgain(t *testing.T) {
+	srv, _, reg, rec := setup(t)
+	const ch = "leash-test:cleanup-resubscribe"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resubscribed := make(chan error, 1)
+	cleanedUp := make(chan struct{})
+	testHooks = registryHooks{
+		// The snapshot holds ch; it is unsubscribed before the snapshot is sent.
+		onSnapshotSending: func() { reg.Unsubscribe(ctx, ch) },
+		// The clean-up has decided to drop ch. A Subscribe of ch now must not
+		// reach the server before that UNSUBSCRIBE: it waits for the clean-up.
+		// (Given 200 ms, a Subscribe that does not wait registers ch and is
+		// confirmed well within it.)
+		onDropping: func() {
+			go func() { resubscribed <- reg.Subscribe(ctx, ch) }()
+			deadline := time.Now().Add(200 * time.Millisecond)
+			for reg.Channels() == 0 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond) // polling, bounded
+			}
+			select {
+			case err := <-resubscribed:
+				resubscribed <- err // the Subscribe did not wait; the check below fails
+			case <-time.After(50 * time.Millisecond):
+			}
+		},
+		onDropped: func() { close(cleanedUp) },
+	}
+	t.Cleanup(func() {
+		reg.Close() // its loop reads the hooks
+		testHooks = registryHooks{}
+	})
+
+	if err := reg.Subscribe(ctx, ch); !errors.Is(err, ErrDisconnected) {
+		t.Fatalf("first Subscribe = %v, want ErrDisconnected (no connection before the first call)", err)
+	}
+	select {
+	case <-cleanedUp:
+	case <-ctx.Done():
+		t.Fatal("the connection's clean-up did not run")
+	}
+	select {
+	case err := <-resubscribed:
+		if err != nil {
+			t.Fatalf("Subscribe again = %v", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("Subscribe again did not return")
+	}
+	if n, err := srv.Do("PUBSUB", "NUMSUB", ch); err != nil || n != ch+"\n1" {
+		t.Fatalf("PUBSUB NUMSUB after the clean-up = %q, %v; want the channel subscribed", n, err)
+	}
+	if _, err := srv.Do("PUBLISH", ch, "hello"); err != nil {
+		t.Fatal(err)
+	}
+	rec.waitFor(t, "the message", func(msgs []string, _ int) bool { return contains(msgs, ch+"=hello") })
+}
