@@ -34,19 +34,35 @@ func (e *Engine) DescribeLock(ctx context.Context, name string) (string, error) 
 	}
 }
 
-var subStateNames = [...]string{subNone: "none", subSubscribing: "subscribing", subSubscribed: "subscribed", subUnsubscribing: "unsubscribing"}
+func (s subState) String() string {
+	switch s {
+	case subNone:
+		return "none"
+	case subSubscribing:
+		return "subscribing"
+	case subSubscribed:
+		return "subscribed"
+	case subUnsubscribing:
+		return "unsubscribing"
+	}
+	return fmt.Sprintf("subState(%d)", uint8(s))
+}
 
 // describe is DescribeLock's line for name.
 func (m *machine) describe(name string, now time.Time) string {
 	l := m.locks[name]
 	if l == nil {
-		return fmt.Sprintf("%s: no state (grant channel %s)", name, subStateNames[m.grantSub])
+		return fmt.Sprintf("%s: no state (grant channel %s)", name, m.grantSub)
 	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s: sub %s (resub %t) grant channel %s; attempting %t handingOff %t parked %t wakePending %t",
-		name, subStateNames[l.sub], l.resubAfter, subStateNames[m.grantSub], l.attempting != nil, l.handingOff, l.parked, l.wakePending)
-	fmt.Fprintf(&b, "; retry armed %t yield %t backingOff %t; registered %t mayBeRegistered %t; chain %d for %v; inflight %d",
-		l.retryGen != 0, m.yieldPending(l), l.backingOff, l.registered, l.mayBeRegistered, l.chain, now.Sub(l.chainStart).Round(time.Millisecond), l.inflight)
+		name, l.sub, l.resubAfter, m.grantSub, l.attempting != nil, l.handingOff, l.parked, l.wakePending)
+	fmt.Fprintf(&b, "; retry armed %t yield %t backingOff %t; registered %t mayBeRegistered %t; chain %d",
+		l.retryGen != 0, m.yieldPending(l), l.backingOff, l.registered, l.mayBeRegistered, l.chain)
+	if !l.chainStart.IsZero() {
+		fmt.Fprintf(&b, " (last started %v ago)", now.Sub(l.chainStart).Round(time.Millisecond))
+	}
+	fmt.Fprintf(&b, "; inflight %d", l.inflight)
 	for _, h := range l.holders {
 		fmt.Fprintf(&b, "; hold owner %d count %d field %s expires in %v busy %t",
 			h.owner, h.count, h.field, h.expiresAt.Sub(now).Round(time.Millisecond), m.ownerBusy(holdKey{l.id, h.owner}))

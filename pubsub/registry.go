@@ -300,14 +300,15 @@ func (r *Registry) serve(backoff *time.Duration) bool {
 	r.mu.Unlock()
 	// A channel unsubscribed while the snapshot was on its way may have had its
 	// UNSUBSCRIBE reach the server first: drop it again now. The decision and the
-	// sends hold r.sends, so a channel registered again meanwhile (whose
-	// Subscribe has confirmed it) is not dropped after its SUBSCRIBE.
+	// sends hold r.sends, so a Subscribe that registers a channel after the
+	// decision sends its SUBSCRIBE after the clean-up's UNSUBSCRIBE. One round
+	// trip for them all keeps Subscribe's wait short.
 	if ok {
 		r.sends.Lock()
 		drop := r.dropped(channels, patterns)
 		testHooks.dropping()
-		for _, t := range drop {
-			_ = dc.Do(ctx, t.unsubscribe(dc)).Error()
+		if cmds := unsubscribeAll(dc, drop); len(cmds) > 0 {
+			dc.DoMulti(ctx, cmds...) // errors: the connection is going, and the channels with it
 		}
 		r.sends.Unlock()
 		testHooks.dropped()
@@ -352,6 +353,27 @@ func awaitAll(ctx context.Context, cs []chan struct{}, lost <-chan error, done <
 		}
 	}
 	return true
+}
+
+// unsubscribeAll returns one UNSUBSCRIBE for the channels among topics and one
+// PUNSUBSCRIBE for the patterns (none for an empty group).
+func unsubscribeAll(dc rueidis.DedicatedClient, topics []topic) rueidis.Commands {
+	var channels, patterns []string
+	for _, t := range topics {
+		if t.pattern {
+			patterns = append(patterns, t.name)
+		} else {
+			channels = append(channels, t.name)
+		}
+	}
+	var cmds rueidis.Commands
+	if len(channels) > 0 {
+		cmds = append(cmds, dc.B().Unsubscribe().Channel(channels...).Build())
+	}
+	if len(patterns) > 0 {
+		cmds = append(cmds, dc.B().Punsubscribe().Pattern(patterns...).Build())
+	}
+	return cmds
 }
 
 // dropped returns the topics of a snapshot that are no longer registered.
@@ -415,12 +437,20 @@ type registryHooks struct {
 	onSnapshotSending, onDropping, onDropped func()
 }
 
-func (h *registryHooks) snapshotSending() { call(h.onSnapshotSending) }
-func (h *registryHooks) dropping()        { call(h.onDropping) }
-func (h *registryHooks) dropped()         { call(h.onDropped) }
+func (h *registryHooks) snapshotSending() {
+	if h.onSnapshotSending != nil {
+		h.onSnapshotSending()
+	}
+}
 
-func call(f func()) {
-	if f != nil {
-		f()
+func (h *registryHooks) dropping() {
+	if h.onDropping != nil {
+		h.onDropping()
+	}
+}
+
+func (h *registryHooks) dropped() {
+	if h.onDropped != nil {
+		h.onDropped()
 	}
 }
