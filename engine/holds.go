@@ -153,7 +153,9 @@ func (m *machine) parkCleanup(l *lockState, c abandonMsg) {
 
 // pruneReceipts stops watching grants of h that have been received (a received
 // grant is never taken back), so a long-held, often re-entered lock does not
-// accumulate context registrations.
+// accumulate context registrations. A grant whose completion deliver deferred
+// to the end of the step is not completed yet, and its empty channel does not
+// mean it was received.
 func (m *machine) pruneReceipts(h *hold) {
 	kept := h.receipts[:0]
 	for _, id := range h.receipts {
@@ -161,7 +163,7 @@ func (m *machine) pruneReceipts(h *hold) {
 		if r == nil {
 			continue
 		}
-		if len(r.future.C()) == 0 { // received
+		if r.future.IsCompleted() && len(r.future.C()) == 0 { // received
 			r.stop()
 			delete(m.receipts, id)
 			continue

@@ -647,4 +647,33 @@ func TestMachineCancelRacingGrant(t *testing.T) {
 		h.cancelCtx(w)
 		h.take().none(t)
 	})
+	t.Run("deferred grant is not taken for received", func(t *testing.T) {
+		// The engine defers completing grants to the end of the step (deliver).
+		// A second grant to the same hold in that step prunes the hold's receipts
+		// (pruneReceipts): the first grant's future is not completed yet, so its
+		// empty channel does not mean it was received. Dropped, its receipt
+		// could not take the grant back when the caller walked away, and the
+		// handle would keep a count nobody holds (a shared-handle storm saw
+		// HoldCount 3 with two goroutines).
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		h.m.deferGrants = true
+		w := h.acquire("L", 1, 0, -1) // a re-entry, granted by its reply
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		h.m.pruneReceipts(h.hold("L", 1)) // as a second grant in the same step does
+		h.m.flushGrants()
+		h.m.deferGrants = false
+		h.take()
+		h.cancelCtx(w) // walked away without receiving
+		// One count given back, the first one kept (ARGV[4]: the count it keeps).
+		if c := h.take().one(t, scripts.LockReleaseOwner); !slices.Equal(c.args, []string{"0", "cid:1", "1", "1"}) {
+			t.Fatalf("release_owner args %v, want one count given back and one kept", c.args)
+		}
+		if err := mustGet(t, "revoked grant", w.future); err != context.Canceled {
+			t.Fatalf("got %v, want context.Canceled in place of the grant", err)
+		}
+		if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
+			t.Fatalf("hold after the take-back: %+v, want the first count only", hd)
+		}
+	})
 }
