@@ -23,15 +23,7 @@ func (describeMsg) isMessage() {}
 // failure reports and debugging; the format may change between versions.
 func (e *Engine) DescribeLock(ctx context.Context, name string) (string, error) {
 	f := futures.New[string]()
-	if err := e.send(ctx, describeMsg{lock: name, future: f}); err != nil {
-		return "", err
-	}
-	select {
-	case s := <-f.C():
-		return s, nil
-	case <-ctx.Done():
-		return "", ctx.Err()
-	}
+	return ask(e, ctx, describeMsg{lock: name, future: f}, f)
 }
 
 func (s subState) String() string {

@@ -441,30 +441,29 @@ func (e *Engine) Settle(ctx context.Context, lock string, owner uint64) error {
 // direct grant, the grant's own field. It returns "" when owner holds nothing.
 func (e *Engine) HoldField(ctx context.Context, lock string, owner uint64) (string, error) {
 	f := futures.New[string]()
-	if err := e.send(ctx, fieldMsg{lock: lock, owner: owner, future: f}); err != nil {
-		return "", err
-	}
-	select {
-	case field := <-f.C():
-		return field, nil
-	case <-ctx.Done():
-		return "", ctx.Err()
-	case <-e.done:
-		return "", ErrClosed
-	}
+	return ask(e, ctx, fieldMsg{lock: lock, owner: owner, future: f}, f)
 }
 
 // Stats returns a snapshot of the engine's counters.
 func (e *Engine) Stats(ctx context.Context) (Stats, error) {
 	f := futures.New[Stats]()
-	if err := e.send(ctx, statsMsg{future: f}); err != nil {
-		return Stats{}, err
+	return ask(e, ctx, statsMsg{future: f}, f)
+}
+
+// ask sends msg, whose answer f carries, and waits for that answer, ctx's end
+// or the engine's.
+func ask[T any](e *Engine, ctx context.Context, msg message, f *futures.Future[T]) (T, error) {
+	var zero T
+	if err := e.send(ctx, msg); err != nil {
+		return zero, err
 	}
 	select {
-	case s := <-f.C():
-		return s, nil
+	case v := <-f.C():
+		return v, nil
 	case <-ctx.Done():
-		return Stats{}, ctx.Err()
+		return zero, ctx.Err()
+	case <-e.done:
+		return zero, ErrClosed
 	}
 }
 
