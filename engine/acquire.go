@@ -29,6 +29,11 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 	}
 	key := holdKey{l.id, msg.owner}
 	delete(m.parkedAcquires, msg.id) // handled now, if it waited (see parkAcquire)
+	// A grant of the handle's that its caller walked away from, its cancellation
+	// still on its way, goes back first (its give-back then holds this request
+	// up, parkAcquire): a goroutine sharing the handle must not see a count that
+	// nobody holds added to its own.
+	m.takeBackWalkedAway(l, msg.owner)
 	direct := m.holds[key] != nil || msg.wait == 0
 	if direct && m.parkAcquire(key, msg) {
 		return

@@ -647,6 +647,33 @@ func TestMachineCancelRacingGrant(t *testing.T) {
 		h.cancelCtx(w)
 		h.take().none(t)
 	})
+	t.Run("walked-away grant goes back before the handle's next acquire", func(t *testing.T) {
+		// Two goroutines share a handle: one holds, the other's re-entry is granted
+		// but it walked away (its context ended) before its cancellation came. The
+		// handle's next acquire gives that grant back first, so it never counts a
+		// hold nobody has (a shared-handle storm saw HoldCount 3 with two
+		// goroutines).
+		h := newMH(t)
+		h.grantFresh("L", 1, 0)
+		w := h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		h.take()
+		w.cancel() // walked away; its cancelMsg is still to come
+		next := h.acquire("L", 1, 0, -1)
+		give := h.take().one(t, scripts.LockReleaseOwner)
+		if !slices.Equal(give.args, []string{"0", "cid:1", "1", "1"}) {
+			t.Fatalf("release_owner args %v, want one count given back and one kept", give.args)
+		}
+		if err := mustGet(t, "walked-away grant", w.future); err != context.Canceled {
+			t.Fatalf("got %v, want context.Canceled in place of the grant", err)
+		}
+		h.reply(give, replyInt(1), nil)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		mustGranted(t, "the next acquire", next.future)
+		if hd := h.hold("L", 1); hd == nil || hd.count != 2 {
+			t.Fatalf("hold %+v, want the first count and the next acquire's", hd)
+		}
+	})
 	t.Run("deferred grant is not taken for received", func(t *testing.T) {
 		// The engine defers completing grants to the end of the step (deliver).
 		// A second grant to the same hold in that step prunes the hold's receipts
