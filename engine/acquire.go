@@ -33,7 +33,11 @@ func (m *machine) onAcquire(msg acquireMsg, now time.Time) {
 	// still on its way, goes back first (its give-back then holds this request
 	// up, parkAcquire): a goroutine sharing the handle must not see a count that
 	// nobody holds added to its own.
+	seq := m.giveBackSeq
 	m.takeBackWalkedAway(l, msg.owner)
+	if m.giveBackSeq != seq {
+		msg.giveBacksBefore = 0 // a request handled before waits for these give-backs too
+	}
 	direct := m.holds[key] != nil || msg.wait == 0
 	if direct && m.parkAcquire(key, msg) {
 		return
@@ -600,6 +604,9 @@ func (m *machine) onCancel(msg cancelMsg, now time.Time) {
 // takeBack takes back r's grant if its caller has not received it: the caller's
 // context ended with err.
 func (m *machine) takeBack(r *receipt, err error) {
+	if !r.future.IsCompleted() {
+		return // a grant deliver deferred to the end of this step: not received, and kept
+	}
 	delete(m.receipts, r.id)
 	h := m.holdByID[r.hold]
 	if _, revoked := r.future.Revoke(err); revoked && h != nil {

@@ -155,7 +155,9 @@ func (m *machine) parkCleanup(l *lockState, c abandonMsg) {
 // grant is never taken back), so a long-held, often re-entered lock does not
 // accumulate context registrations. A grant whose completion deliver deferred
 // to the end of the step is not completed yet, and its empty channel does not
-// mean it was received.
+// mean it was received. (Complete sets the flag before it sends: completed and
+// empty means received only because every grant's Complete, this check and
+// Revoke run on the machine's side, one at a time.)
 func (m *machine) pruneReceipts(h *hold) {
 	kept := h.receipts[:0]
 	for _, id := range h.receipts {

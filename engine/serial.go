@@ -109,8 +109,12 @@ func (m *machine) onSettle(msg settleMsg) {
 		return
 	}
 	k := holdKey{l.id, msg.owner}
+	seq := m.giveBackSeq
 	m.cancelWalkedAway(l, msg.owner, m.now)
 	m.takeBackWalkedAway(l, msg.owner)
+	if m.giveBackSeq != seq {
+		msg.giveBacksBefore = 0 // a Settle handled before waits for these give-backs too
+	}
 	if m.ownerBusy(k) {
 		m.deferCall(k, msg)
 		return
