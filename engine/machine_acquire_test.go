@@ -556,6 +556,20 @@ func TestMachineCancelRacingGrant(t *testing.T) {
 			t.Errorf("release_owner keys %v, want %v", c.keys, want)
 		}
 	}
+	// tookBackOneOfTwo checks s gives back one count of owner 1's hold, keeping
+	// the other (ARGV[4]: the count it keeps), and w's grant was revoked; it
+	// returns the give-back.
+	tookBackOneOfTwo := func(t *testing.T, s step, w *tw) scriptCall {
+		t.Helper()
+		c := s.one(t, scripts.LockReleaseOwner)
+		if !slices.Equal(c.args, []string{"0", "cid:1", "1", "1"}) {
+			t.Fatalf("release_owner args %v, want one count given back and one kept", c.args)
+		}
+		if err := mustGet(t, "walked-away grant", w.future); err != context.Canceled {
+			t.Fatalf("got %v, want context.Canceled in place of the grant", err)
+		}
+		return c
+	}
 
 	t.Run("cancel during the attempt, then a grant", func(t *testing.T) {
 		h := newMH(t)
@@ -660,13 +674,7 @@ func TestMachineCancelRacingGrant(t *testing.T) {
 		h.take()
 		w.cancel() // walked away; its cancelMsg is still to come
 		next := h.acquire("L", 1, 0, -1)
-		give := h.take().one(t, scripts.LockReleaseOwner)
-		if !slices.Equal(give.args, []string{"0", "cid:1", "1", "1"}) {
-			t.Fatalf("release_owner args %v, want one count given back and one kept", give.args)
-		}
-		if err := mustGet(t, "walked-away grant", w.future); err != context.Canceled {
-			t.Fatalf("got %v, want context.Canceled in place of the grant", err)
-		}
+		give := tookBackOneOfTwo(t, h.take(), w)
 		h.reply(give, replyInt(1), nil)
 		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
 		mustGranted(t, "the next acquire", next.future)
@@ -692,13 +700,7 @@ func TestMachineCancelRacingGrant(t *testing.T) {
 		h.m.deferGrants = false
 		h.take()
 		h.cancelCtx(w) // walked away without receiving
-		// One count given back, the first one kept (ARGV[4]: the count it keeps).
-		if c := h.take().one(t, scripts.LockReleaseOwner); !slices.Equal(c.args, []string{"0", "cid:1", "1", "1"}) {
-			t.Fatalf("release_owner args %v, want one count given back and one kept", c.args)
-		}
-		if err := mustGet(t, "revoked grant", w.future); err != context.Canceled {
-			t.Fatalf("got %v, want context.Canceled in place of the grant", err)
-		}
+		tookBackOneOfTwo(t, h.take(), w)
 		if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
 			t.Fatalf("hold after the take-back: %+v, want the first count only", hd)
 		}
