@@ -67,6 +67,25 @@ func heapAfterGC() uint64 {
 	return ms.HeapAlloc
 }
 
+// settledHeap is heapAfterGC once the process has settled: what earlier
+// scenarios' closed clients leave (goroutines still exiting, the buffers they
+// hold) would otherwise be freed during a measurement and count against it (a
+// tiny G once measured -6 KiB per waiter). It waits, at most 5 s, until neither
+// the goroutine count nor the live heap falls any more.
+func settledHeap() uint64 {
+	deadline := time.Now().Add(5 * time.Second)
+	g, h := runtime.NumGoroutine(), heapAfterGC()
+	for time.Now().Before(deadline) {
+		time.Sleep(50 * time.Millisecond) // polling the runtime's own state
+		g2, h2 := runtime.NumGoroutine(), heapAfterGC()
+		if g2 >= g && h2 >= h {
+			return h2
+		}
+		g, h = g2, h2
+	}
+	return h
+}
+
 // cpuTime returns the process's user+system CPU time so far.
 func cpuTime() time.Duration {
 	var ru syscall.Rusage
@@ -196,8 +215,8 @@ func (r *runner) runG(ctx context.Context, rep int) (GRun, error) {
 	if err := r.stats.reset(ctx); err != nil {
 		return run, err
 	}
+	heapBefore := settledHeap()
 	g0 := runtime.NumGoroutine()
-	heapBefore := heapAfterGC()
 	for i := range handles {
 		handles[i] = c.Mutex(name)
 		chans[i] = handles[i].Acquire(wctx)
