@@ -145,9 +145,23 @@ func (m *machine) releaseLost(h *hold) {
 // (sendWaitingCleanups); either way through runCleanup. The lock's state stays
 // live until then (cleanupsWaiting): Close, for one, forgets a lock's state as soon
 // as nothing else refers to it.
+//
+// It goes ahead of the owner's requests that wait for the same call (after the
+// cleanups parked before it): the hold no longer counts what c releases, while
+// Redis does until c runs, so a waiting Unlock sent first would release on a count
+// one too low (its bound, and its handoff decision: a receiver granted early would
+// lose the lock at once). Sent first, c is a give-back those requests then wait for
+// (giveback.go).
 func (m *machine) parkCleanup(l *lockState, c abandonMsg) {
 	q := m.serial[holdKey{l.id, c.owner}]
-	q.pending = append(q.pending, c)
+	at := slices.IndexFunc(q.pending, func(msg message) bool {
+		_, cleanup := msg.(abandonMsg)
+		return !cleanup
+	})
+	if at < 0 {
+		at = len(q.pending)
+	}
+	q.pending = slices.Insert(q.pending, at, message(c))
 	l.cleanupsWaiting++
 }
 
@@ -216,9 +230,9 @@ func (m *machine) dropSurplus(h *hold) {
 // releaseOne gives back one count of h: a grant nobody received. The counts h
 // keeps bound the release, which a lost reply may have the engine send twice
 // (keepHeld). With afterCalls, while a call of the owner's is in flight (an
-// Unlock, whose own bound counted this count), the give-back waits for its reply:
-// running first, it would leave that Unlock's bound too high, and the Unlock
-// would take nothing. (Without it, the caller is handling the owner's call's
+// Unlock, whose own bound counted this count), the give-back waits for its reply
+// (ahead of the owner's other waiting requests: see parkCleanup): running first,
+// it would leave that Unlock's bound too high, and the Unlock would take nothing. (Without it, the caller is handling the owner's call's
 // reply itself.)
 func (m *machine) releaseOne(h *hold, afterCalls bool) {
 	h.count--

@@ -428,3 +428,48 @@ func (h *mh) fairLeaveFailedTwice(t *testing.T, lock string, owner uint64) scrip
 	h.reply(h.take().one(t, scripts.FairLeave), scripts.Reply{}, errConn) // retryOnce's
 	return first
 }
+
+// A give-back that waits for the owner's call in flight goes before the owner's
+// requests that wait for that call too. The give-back's count is already gone from
+// the hold, while Redis still counts it: an Unlock sent first would release on a
+// count one too low (its bound and its handoff decision both read the hold), and
+// Redis would answer "still held" to a release the engine took for the last one.
+// Three goroutines share a handle: two hold, the third's re-entry was granted but
+// it walked away while the first Unlock was in flight and the second waited.
+func TestMachineGiveBackGoesBeforeWaitingUnlock(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	second := h.acquire("L", 1, 0, -1)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+	h.take()
+	mustGranted(t, "second goroutine's re-entry", second.future)
+	third := h.acquire("L", 1, 0, -1)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+	h.take()
+	if hd := h.hold("L", 1); hd.count != 3 {
+		t.Fatalf("setup: count %d, want 3", hd.count)
+	}
+	u1 := h.unlock("L", 1)
+	rel1 := h.take().one(t, scripts.LockRelease)
+	u2 := h.unlock("L", 1) // waits for u1's reply
+	h.take().none(t)
+	h.cancelCtx(third) // the third walked away: its grant goes back after u1's reply
+	h.take().none(t)
+	h.reply(rel1, replyInt(0), nil)
+	mustGranted(t, "first unlock", u1)
+	gb := h.take().one(t, scripts.LockReleaseOwner)
+	if want := []string{"0", "cid:1", "1", "1"}; !slices.Equal(gb.args, want) {
+		t.Fatalf("give-back args %v, want %v (one count, the one u2 holds kept)", gb.args, want)
+	}
+	mustPending(t, "second unlock behind the give-back", u2)
+	h.reply(gb, replyInt(0), nil)
+	rel2 := h.take().one(t, scripts.LockRelease)
+	if len(rel2.args) != 6 {
+		t.Fatalf("second unlock's args %v, want the last count's release (no bound)", rel2.args)
+	}
+	h.reply(rel2, replyInt(1), nil)
+	mustGranted(t, "second unlock", u2)
+	if hd := h.hold("L", 1); hd != nil {
+		t.Fatalf("hold %+v after the last unlock", hd)
+	}
+}
