@@ -57,6 +57,10 @@ func (m *machine) waitFrom(before *uint64) uint64 {
 // before is in flight: a request with that bound then waits (deferForGiveBacks). A
 // request's bound is set once it gets past the owner's serialized call (waitFrom),
 // so that it waits for every give-back sent before then and for none sent after.
+// A request that waited for give-backs and then finds the owner's call in flight
+// waits for that call with its bound unset: a give-back parked behind the call
+// (parkCleanup) goes out ahead of it when the call is answered, and the request,
+// getting past the call after it, waits for that give-back too.
 func (m *machine) heldUpByGiveBacks(k holdKey, before uint64) bool {
 	inFlight := m.giveBacks[k]
 	return len(inFlight) > 0 && inFlight[0] < before
@@ -129,6 +133,7 @@ func (m *machine) answerParkedOnClose() {
 // remembers where, so that its cancellation can answer it (cancelParked).
 func (m *machine) parkAcquire(k holdKey, msg acquireMsg) bool {
 	if m.ownerBusy(k) {
+		msg.giveBacksBefore = 0 // its bound is set once it gets past the call (waitFrom)
 		m.deferCall(k, msg)
 		m.parkedAcquires[msg.id] = k
 		return true

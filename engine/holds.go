@@ -232,8 +232,8 @@ func (m *machine) dropSurplus(h *hold) {
 // (keepHeld). With afterCalls, while a call of the owner's is in flight (an
 // Unlock, whose own bound counted this count), the give-back waits for its reply
 // (ahead of the owner's other waiting requests: see parkCleanup): running first,
-// it would leave that Unlock's bound too high, and the Unlock would take nothing. (Without it, the caller is handling the owner's call's
-// reply itself.)
+// it would leave that Unlock's bound too high, and the Unlock would take nothing.
+// (Without it, the caller is handling the owner's call's reply itself.)
 func (m *machine) releaseOne(h *hold, afterCalls bool) {
 	h.count--
 	c := abandonMsg{lock: h.lock.id, owner: h.owner, field: h.field, drop: 1, keepHeld: true}

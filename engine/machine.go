@@ -376,6 +376,20 @@ func (m *machine) onTimer(key timer.Key, now time.Time) {
 	}
 }
 
+// noteGiveBackUnknown marks the hold of a one-count give-back that failed (tried
+// twice, see retryOnce) as maySurplus: the give-back may not have run, and the
+// server may count one more than the engine. It runs before giveBackDone hands
+// the requests that waited for the give-back back to handle: an Unlock among them
+// must not grant a local waiter early on that hold (canGrantEarly).
+func (m *machine) noteGiveBackUnknown(d scriptDone) {
+	if d.err == nil || d.call.script != scripts.LockReleaseOwner || len(d.call.args) != 4 {
+		return // answered, or not a give-back of one count of a hold kept (releaseOne)
+	}
+	if h := m.holds[holdKey{d.call.lock, d.call.owner}]; h != nil && h.field == d.call.args[1] {
+		h.maySurplus = true
+	}
+}
+
 // onScriptDone routes a script reply by the call's purpose.
 func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	if l := m.lockByID[d.call.lock]; l != nil {
@@ -389,6 +403,7 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		}
 	}
 	if d.call.giveBack != 0 {
+		m.noteGiveBackUnknown(d) // before the requests that waited for it are handled
 		m.giveBackDone(holdKey{d.call.lock, d.call.owner}, d.call.giveBack, now)
 	}
 	switch d.call.purpose {
@@ -406,11 +421,6 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		if d.call.script == scripts.LockLeave {
 			m.onLeaveRegDone(d, now)
 			break
-		}
-		if h := m.holds[holdKey{d.call.lock, d.call.owner}]; d.err != nil && len(d.call.args) == 4 && h != nil && h.field == d.call.args[1] {
-			// A give-back of one count of a hold the owner keeps (releaseOne) may
-			// not have run: the server may count one more than the engine.
-			h.maySurplus = true
 		}
 		if l := m.lockByID[d.call.lock]; l != nil {
 			if l.fair != nil {

@@ -473,3 +473,97 @@ func TestMachineGiveBackGoesBeforeWaitingUnlock(t *testing.T) {
 		t.Fatalf("hold %+v after the last unlock", hd)
 	}
 }
+
+// reenteredTimes makes owner 1 hold "L" by a fresh grant and n re-entries, each
+// granted and left unreceived in its future (a caller that may still walk away).
+func (h *mh) reenteredTimes(t *testing.T, n int) []*tw {
+	t.Helper()
+	h.grantFresh("L", 1, 0)
+	var ws []*tw
+	for range n {
+		w := h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		h.take()
+		ws = append(ws, w)
+	}
+	if hd := h.hold("L", 1); hd == nil || hd.count != n+1 {
+		t.Fatalf("setup: hold %+v, want count %d", hd, n+1)
+	}
+	return ws
+}
+
+// A request that waited for give-backs and then waits for the owner's call in
+// flight takes a fresh bound when it gets past that call: a give-back parked behind
+// the call goes out first (parkCleanup), and the request waits for it too, not only
+// for the give-backs it waited for before.
+func TestMachineRequestWaitingAgainWaitsForParkedGiveBack(t *testing.T) {
+	t.Run("unlock", func(t *testing.T) {
+		h := newMH(t)
+		ws := h.reenteredTimes(t, 3)
+		h.cancelCtx(ws[2]) // walked away with the owner idle: its give-back goes at once
+		g1 := h.take().one(t, scripts.LockReleaseOwner)
+		u1 := h.unlock("L", 1) // both wait for g1
+		u2 := h.unlock("L", 1)
+		h.take().none(t)
+		h.reply(g1, replyInt(0), nil)
+		rel1 := h.take().one(t, scripts.LockRelease) // u1 goes; u2 waits for it
+		h.cancelCtx(ws[1])                           // its give-back waits for u1 too
+		h.take().none(t)
+		h.reply(rel1, replyInt(0), nil)
+		mustGranted(t, "first unlock", u1)
+		g2 := h.take().one(t, scripts.LockReleaseOwner) // and nothing of u2's beside it
+		mustPending(t, "second unlock behind the give-back", u2)
+		h.reply(g2, replyInt(0), nil)
+		rel2 := h.take().one(t, scripts.LockRelease)
+		if len(rel2.args) != 6 {
+			t.Fatalf("second unlock's args %v, want the last count's release (no bound)", rel2.args)
+		}
+		h.reply(rel2, replyInt(1), nil)
+		mustGranted(t, "second unlock", u2)
+		if hd := h.hold("L", 1); hd != nil {
+			t.Fatalf("hold %+v after the last count's release", hd)
+		}
+	})
+	t.Run("settle", func(t *testing.T) {
+		h := newMH(t)
+		ws := h.reenteredTimes(t, 3)
+		h.cancelCtx(ws[2])
+		g1 := h.take().one(t, scripts.LockReleaseOwner)
+		u := h.unlock("L", 1) // both wait for g1
+		s := h.settle("L", 1)
+		h.take().none(t)
+		ws[1].cancel() // walked away; its cancellation has not come: Settle takes it back
+		h.reply(g1, replyInt(0), nil)
+		rel := h.take().one(t, scripts.LockRelease) // u goes; the Settle waits for it
+		mustPending(t, "settle", s)
+		h.reply(rel, replyInt(0), nil)
+		mustGranted(t, "unlock", u)
+		g2 := h.take().one(t, scripts.LockReleaseOwner) // the Settle's take-back
+		mustPending(t, "settle behind its take-back's give-back", s)
+		h.reply(g2, replyInt(0), nil)
+		h.take()
+		mustGranted(t, "settle", s)
+	})
+}
+
+// A one-count give-back that failed twice may not have run, so its hold is marked
+// maySurplus before the Unlock that waited for it is handled: that Unlock then
+// grants no local waiter early (the server may count one more than the engine,
+// and its handoff would not hand over).
+func TestMachineFailedGiveBackGrantsNobodyEarly(t *testing.T) {
+	h := newMH(t)
+	ws := h.reenteredTimes(t, 1)
+	other := h.acquire("L", 2, 0, -1) // a local waiter of another owner
+	h.take()
+	h.cancelCtx(ws[0]) // the owner is idle: the give-back goes at once
+	gb := h.take().one(t, scripts.LockReleaseOwner)
+	u := h.unlock("L", 1) // waits for it
+	h.take().none(t)
+	h.reply(gb, scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.LockReleaseOwner), scripts.Reply{}, errConn)
+	h.take()
+	if err, ok := peek(other.future); ok {
+		t.Fatalf("owner 2 answered (%v) after a give-back of unknown outcome; want no early grant", err)
+	}
+	mustPending(t, "unlock", u)
+}

@@ -124,8 +124,9 @@ type (
 	unlockNotice struct{ channel, payload string }
 	// resubscribed: the pub/sub connection was replaced; messages may have been lost.
 	resubscribed struct{}
-	// abandonMsg: an owner-guarded cleanup of a plain lock that waited behind an
-	// early handoff to its owner (see abandon); never posted to the mailbox.
+	// abandonMsg: an owner-guarded cleanup that waited for the owner's call in
+	// flight (parkCleanup: a give-back of releaseOne, a lost hold's release, one
+	// behind an early handoff to the owner); never posted to the mailbox.
 	abandonMsg struct {
 		lock  uint64 // the lock's id: the handoff in flight keeps its state live
 		owner uint64

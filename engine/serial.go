@@ -116,6 +116,7 @@ func (m *machine) onSettle(msg settleMsg) {
 		msg.giveBacksBefore = 0 // a Settle handled before waits for these give-backs too
 	}
 	if m.ownerBusy(k) {
+		msg.giveBacksBefore = 0 // its bound is set once it gets past the call (waitFrom)
 		m.deferCall(k, msg)
 		return
 	}

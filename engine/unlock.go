@@ -48,6 +48,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		return
 	}
 	if m.ownerBusy(key) {
+		msg.giveBacksBefore = 0 // its bound is set once it gets past the call (waitFrom)
 		m.deferCall(key, msg)
 		return
 	}
