@@ -454,7 +454,17 @@ func (m *machine) fairLeaveOwner(l *lockState, owner uint64, field string) {
 	// A leave that may give back a grant is one of the owner's give-backs, which
 	// HoldCount waits for (see onSettle).
 	claim, giveBack := "1", uint64(0)
-	if m.holds[holdKey{l.id, owner}] != nil {
+	k := holdKey{l.id, owner}
+	if q := m.serial[k]; m.holds[k] == nil && q != nil && q.busy > m.ownCalls(k) && !q.early {
+		// An acquire of the owner's is in flight (a single try or re-entry of a
+		// handle shared by goroutines, a handoff to it): Redis may run it first,
+		// and a claim would then give back the hold it takes while the engine
+		// grants it. The leave waits for its reply, and claims only if it took
+		// nothing (see runCleanup).
+		m.parkCleanup(l, abandonMsg{lock: l.id, owner: owner, field: field, leave: true})
+		return
+	}
+	if m.holds[k] != nil {
 		claim = "0"
 	} else {
 		giveBack = m.startGiveBack(holdKey{l.id, owner})

@@ -109,7 +109,7 @@ func (m *machine) giveBackDone(k holdKey, seq uint64, now time.Time) {
 			m.afterGiveBacks[k] = kept
 		}
 		for _, msg := range due {
-			m.handle(msg, now) // in arrival order; each checks the owner's state again
+			m.handle(rebound(msg), now) // in arrival order; each checks the owner's state again
 		}
 	}
 	if l := m.lockByID[k.lock]; len(inFlight) == 0 && l != nil && l.fair == nil && l.queue.head != nil {
@@ -180,4 +180,26 @@ func (m *machine) cancelParked(msg cancelMsg) bool {
 		m.complete(a.future, a.stop, msg.err)
 	}
 	return true
+}
+
+// rebound clears the give-back bound of an Unlock or direct acquire that waited
+// for give-backs, as it is handled again: it has not been sent, so it waits for
+// every give-back of the owner's in flight now, those started while it waited
+// included (a walked-away grant taken back, a lost hold's release, a fair leave;
+// or one that a request handled just before it in the same giveBackDone started).
+// Sent before such a give-back has run, an Unlock would release on a count one too
+// low (its bound and its handoff decision read the hold, which no longer counts
+// the give-back's count while Redis does), and an acquire could take what the
+// give-back then deletes (a whole-field release, a fair leave's claim). A Settle
+// sends nothing and keeps its bound (TestMachineSettleNotStarvedByLaterGiveBacks).
+func rebound(msg message) message {
+	switch v := msg.(type) {
+	case unlockMsg:
+		v.giveBacksBefore = 0
+		return v
+	case acquireMsg:
+		v.giveBacksBefore = 0
+		return v
+	}
+	return msg
 }

@@ -61,6 +61,14 @@ func (m *machine) localTarget(l *lockState, h *hold) *waiter {
 	if m.givingBack(holdKey{l.id, w.owner}) {
 		return nil // see giveback.go: a plain release, and its attempt waits
 	}
+	if q := m.serial[holdKey{l.id, w.owner}]; q != nil && w.owner != h.owner && q.busy > 0 {
+		// The waiter's handle has a call in flight (a single try of another
+		// goroutine's): the handoff is the waiter's attempt, which waits for it as
+		// startAttempt's would. Sent beside it, Redis may run the two in either
+		// order, and what the handoff's reply does with the owner's field (a grant
+		// nobody receives given back whole) could undo what the other call took.
+		return nil
+	}
 	if l.fair != nil && !w.enqueued {
 		// A fair lock hands over only to a waiter in the Redis queue (the script
 		// checks it heads it), so FIFO across processes holds without a bound.
@@ -451,6 +459,10 @@ func (m *machine) runCleanup(c abandonMsg) {
 		return
 	}
 	l.cleanupsWaiting--
+	if c.leave {
+		m.fairLeaveOwner(l, c.owner, c.field)
+		return
+	}
 	if h := m.holds[holdKey{l.id, c.owner}]; c.afterLoss && h != nil && h.field == c.field {
 		// The call it waited for took the lost hold's field again (see
 		// releaseLost): releasing it would end that hold.

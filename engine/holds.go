@@ -276,18 +276,57 @@ func (m *machine) cleanUp(l *lockState, c abandonMsg) {
 		keys = append(keys, l.fair.queue)
 		m.addLeaving(l, c.owner)
 	}
+	k := holdKey{l.id, c.owner}
 	args := []string{unlockMessage, c.field, strconv.Itoa(c.drop)}
-	if h := m.holds[holdKey{l.id, c.owner}]; c.keepHeld && h != nil && h.field == c.field && h.count > 0 {
+	if h := m.holds[k]; c.keepHeld && h != nil && h.field == c.field && h.count > 0 {
 		args = append(args, strconv.Itoa(h.count)) // the counts the owner keeps, as of now
 	}
-	m.run(scriptCall{
+	call := scriptCall{
 		script:   scripts.LockReleaseOwner,
 		keys:     keys,
 		args:     args,
 		purpose:  purposeAbandon,
 		lock:     l.id,
 		owner:    c.owner,
-		giveBack: m.startGiveBack(holdKey{l.id, c.owner}),
+		giveBack: m.startGiveBack(k),
 		relayed:  c.relayed,
-	})
+	}
+	if len(args) == 4 {
+		// Bounded by the counts the owner keeps as of now: such give-backs of one
+		// owner run one at a time, in order. Two in flight at once could run in
+		// the other order (or the first's retry after the second), and the first
+		// would then find its bound reached by the second's drop and take nothing:
+		// Redis would count one more than the engine.
+		if q, inFlight := m.boundedGiveBacks[k]; inFlight {
+			m.boundedGiveBacks[k] = append(q, call)
+			l.cleanupsWaiting++ // sent by nextBoundedGiveBack
+			return
+		}
+		m.boundedGiveBacks[k] = nil
+	}
+	m.run(call)
+}
+
+// nextBoundedGiveBack sends the owner's next bounded give-back that waited for the
+// one whose final reply d is (see cleanUp).
+func (m *machine) nextBoundedGiveBack(d scriptDone) {
+	if d.call.script != scripts.LockReleaseOwner || len(d.call.args) != 4 {
+		return
+	}
+	k := holdKey{d.call.lock, d.call.owner}
+	q, ok := m.boundedGiveBacks[k]
+	if !ok {
+		return
+	}
+	if len(q) == 0 {
+		delete(m.boundedGiveBacks, k)
+		return
+	}
+	next := q[0]
+	q[0] = scriptCall{}
+	m.boundedGiveBacks[k] = q[1:]
+	if l := m.lockByID[k.lock]; l != nil {
+		l.cleanupsWaiting--
+	}
+	m.run(next)
 }

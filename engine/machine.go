@@ -59,10 +59,13 @@ type machine struct {
 	giveBacks      map[holdKey][]uint64    // owners' give-backs in flight, by sequence number (see giveback.go)
 	giveBackSeq    uint64                  // the last give-back's sequence number
 	afterGiveBacks map[holdKey][]parkedMsg // requests waiting for the owner's give-backs
-	parkedAcquires map[uint64]holdKey      // direct acquires parked in either place, by waiter id (see parkAcquire)
-	holdByID       map[uint64]*hold
-	leaveRetries   map[uint64]scriptCall // leaves waiting to be sent again, by timer id (see retryLeaveLater)
-	leaveRetrySeq  uint64
+	// boundedGiveBacks: owners with a give-back bounded by the counts they keep in
+	// flight, and the ones waiting to follow it (see cleanUp).
+	boundedGiveBacks map[holdKey][]scriptCall
+	parkedAcquires   map[uint64]holdKey // direct acquires parked in either place, by waiter id (see parkAcquire)
+	holdByID         map[uint64]*hold
+	leaveRetries     map[uint64]scriptCall // leaves waiting to be sent again, by timer id (see retryLeaveLater)
+	leaveRetrySeq    uint64
 
 	nextID        uint64 // ids of locks and holds
 	watchdogHolds int    // holds renewed by the watchdog
@@ -84,27 +87,48 @@ type machine struct {
 	stats       Stats
 	fx          effects
 	now         time.Time // the time of the message being handled
+	// answering: the call whose reply is being read, until its owners are marked
+	// idle (see ownCalls); nil otherwise.
+	answering *scriptCall
+}
+
+// ownCalls is how many of owner k's busy counts the call being answered holds:
+// it is in flight no more.
+func (m *machine) ownCalls(k holdKey) int {
+	c := m.answering
+	if c == nil || c.lock != k.lock {
+		return 0
+	}
+	n := 0
+	if c.serial && c.owner == k.owner {
+		n++
+	}
+	if c.purpose == purposeHandoff && c.receiver == k.owner {
+		n++
+	}
+	return n
 }
 
 func newMachine(cfg config) *machine {
 	return &machine{
-		cfg:            cfg,
-		locks:          make(map[string]*lockState),
-		lockByID:       make(map[uint64]*lockState),
-		lockByChannel:  make(map[string]*lockState),
-		waiters:        make(map[uint64]*waiter),
-		receipts:       make(map[uint64]*receipt),
-		holds:          make(map[holdKey]*hold),
-		serial:         make(map[holdKey]*ownerCalls),
-		lostHolds:      make(map[holdKey]struct{}),
-		giveBacks:      make(map[holdKey][]uint64),
-		afterGiveBacks: make(map[holdKey][]parkedMsg),
-		parkedAcquires: make(map[uint64]holdKey),
-		holdByID:       make(map[uint64]*hold),
-		leaveRetries:   make(map[uint64]scriptCall),
-		watchdogText:   millis(cfg.watchdog),
-		grantChannel:   "leash_lock_grant:" + cfg.clientID,
-		claimedGrants:  make(map[uint64]struct{}),
+		cfg:              cfg,
+		locks:            make(map[string]*lockState),
+		lockByID:         make(map[uint64]*lockState),
+		lockByChannel:    make(map[string]*lockState),
+		waiters:          make(map[uint64]*waiter),
+		receipts:         make(map[uint64]*receipt),
+		holds:            make(map[holdKey]*hold),
+		serial:           make(map[holdKey]*ownerCalls),
+		lostHolds:        make(map[holdKey]struct{}),
+		giveBacks:        make(map[holdKey][]uint64),
+		afterGiveBacks:   make(map[holdKey][]parkedMsg),
+		boundedGiveBacks: make(map[holdKey][]scriptCall),
+		parkedAcquires:   make(map[uint64]holdKey),
+		holdByID:         make(map[uint64]*hold),
+		leaveRetries:     make(map[uint64]scriptCall),
+		watchdogText:     millis(cfg.watchdog),
+		grantChannel:     "leash_lock_grant:" + cfg.clientID,
+		claimedGrants:    make(map[uint64]struct{}),
 	}
 }
 
@@ -402,7 +426,9 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 			return // still in flight: the owner (and an early grant's receiver) stays busy
 		}
 	}
+	m.answering = &d.call // until its owners are marked idle (see ownCalls)
 	if d.call.giveBack != 0 {
+		m.nextBoundedGiveBack(d) // sent before anything the reply starts
 		m.noteGiveBackUnknown(d) // before the requests that waited for it are handled
 		m.giveBackDone(holdKey{d.call.lock, d.call.owner}, d.call.giveBack, now)
 	}
@@ -436,6 +462,7 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeLeave:
 		m.onLeaveDone(d, now)
 	}
+	m.answering = nil
 	if d.call.serial {
 		m.markIdle(holdKey{d.call.lock, d.call.owner}, now)
 	}

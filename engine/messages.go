@@ -140,6 +140,9 @@ type (
 		// the field again.
 		afterLoss bool
 		relayed   *relay // the relay whose Unlocks its reply answers (see relay.go), or nil
+		// leave: a fair leave of the owner's entry (field) that waited for the
+		// owner's acquire in flight (see fairLeaveOwner).
+		leave bool
 	}
 )
 
