@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,19 +53,22 @@ func fairGrantSilently(t *testing.T, srv *testredis.Server, name, owner string, 
 
 // fairGrantSettle waits until c has made attempts fair_acquire calls (a queued
 // waiter makes two: the one that queues it, and one more once its channel pattern
-// is subscribed) and the server has run scripts script calls since the last
-// ResetStats (the scripts must be cached: fairGrantWarm), then passes once through
-// c's event loop (Stats). A release made after that finds the waiter with no call
-// in flight, so it takes its grant from the message alone. (The last reply could in
-// principle still be on its way to c's loop; the few round trips before the release
-// make that vanishingly rare: no failure in 90 runs under load.)
-func fairGrantSettle(t *testing.T, srv *testredis.Server, c *lockapi.Client, attempts uint64, scripts int64) {
+// is subscribed), the server has run scripts script calls since the last
+// ResetStats (the scripts must be cached: fairGrantWarm), and c's engine has no
+// call on lock name in flight, its last reply stepped (DescribeLock's "inflight
+// 0"). A release made after that finds the waiter with no call in flight, so it
+// takes its grant from the message alone. (Without the last wait, a reply still on
+// its way to c's engine made the waiter attempt again: 1 run in about 30 full
+// suites under load.)
+func fairGrantSettle(t *testing.T, srv *testredis.Server, c *lockapi.Client, name string, attempts uint64, scripts int64) {
 	t.Helper()
 	fairWaitFor(t, 10*time.Second, "the waiter's attempts", func() bool { return stats(t, c).Attempts >= attempts })
 	fairWaitFor(t, 10*time.Second, "the attempts to run on the server", func() bool {
 		return fairStat(t, srv, "evalsha", "eval") >= scripts
 	})
-	stats(t, c)
+	fairWaitFor(t, 10*time.Second, "the engine to have no call in flight", func() bool {
+		return strings.Contains(lockapi.DescribeLock(c, name), "; inflight 0;")
+	})
 }
 
 // fairGrantWarm takes and releases another fair lock with c, so the server has
@@ -108,7 +112,7 @@ func TestFairDirectGrantAcrossClients(t *testing.T) {
 	}
 	waiter := c2.FairMutex(name)
 	got, field := fairEnqueue(t, srv, waiter, fairCtx(t, 30*time.Second), 1)
-	fairGrantSettle(t, srv, c2, 2, 2)
+	fairGrantSettle(t, srv, c2, name, 2, 2)
 	fairMustRegister(t, srv, name, field, lockapi.DefaultWatchdogTimeout)
 
 	if err := srv.ResetStats(); err != nil {
@@ -213,9 +217,9 @@ func TestFairUnheardGrantGivenBackOnCancel(t *testing.T) {
 	defer cancel1()
 	w1, w2 := c1.FairMutex(name), c2.FairMutex(name)
 	got1, f1 := fairEnqueue(t, srv, w1, ctx1, 1)
-	fairGrantSettle(t, srv, c1, 2, 2) // W1 has no attempt in flight that could claim the grant
+	fairGrantSettle(t, srv, c1, name, 2, 2) // W1 has no attempt in flight that could claim the grant
 	got2, f2 := fairEnqueue(t, srv, w2, fairCtx(t, 30*time.Second), 2)
-	fairGrantSettle(t, srv, c2, 2, 4)
+	fairGrantSettle(t, srv, c2, name, 2, 4)
 	if q := fairList(t, srv, fairQueueKey(name)); !slices.Equal(q, []string{f1, f2}) {
 		t.Fatalf("queue = %q, want [W1 %s, W2 %s]", q, f1, f2)
 	}
