@@ -456,8 +456,9 @@ func (m *machine) fairLeaveOwner(l *lockState, owner uint64, field string) {
 	claim, giveBack := "1", uint64(0)
 	k := holdKey{l.id, owner}
 	if q := m.serial[k]; m.holds[k] == nil && q != nil && q.busy > m.ownCalls(k) && !q.early {
-		// An acquire of the owner's is in flight (a single try or re-entry of a
-		// handle shared by goroutines, a handoff to it): Redis may run it first,
+		// An acquire of the owner's is in flight (a single try of a handle shared
+		// by goroutines, a handoff to it; the owner holds nothing here, so no
+		// re-entry): Redis may run it first,
 		// and a claim would then give back the hold it takes while the engine
 		// grants it. The leave waits for its reply, and claims only if it took
 		// nothing (see runCleanup).

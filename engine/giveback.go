@@ -19,10 +19,15 @@ import (
 // early), and a new grant to the owner would be undone by the give-back's release.
 // So, while an owner has give-backs in flight:
 //   - its Unlock, direct acquire (re-entry, single try) and Settle wait for the
-//     give-backs in flight when they got past the owner's serialized call, if any
-//     (not for later ones, which would let a stream of them starve the caller); an
-//     Unlock with no hold to release answers at once, and a waiting direct
-//     acquire is answered when its context ends (cancelParked);
+//     give-backs in flight when they got past the owner's serialized call, if any.
+//     An Unlock or direct acquire that waited for them then also waits for those
+//     started meanwhile (rebound): not sent yet, it would otherwise reach Redis
+//     ahead of a give-back whose count the hold no longer has. While the owner
+//     holds, its new grants wait for its give-backs, so no endless stream of them
+//     can build up. A Settle sends nothing and keeps its first bound (a stream of
+//     give-backs must not starve HoldCount). An Unlock with no hold to release
+//     answers at once, and a waiting direct acquire is answered when its context
+//     ends (cancelParked);
 //   - its queued attempt waits (startAttempt), and no local handoff goes to it
 //     (handoffTarget); a fair lock's owner counts as leaving instead (see
 //     addLeaving), which keeps its attempts and grants back in the same way.
@@ -56,8 +61,8 @@ func (m *machine) waitFrom(before *uint64) uint64 {
 // heldUpByGiveBacks reports whether one of the owner's give-backs numbered below
 // before is in flight: a request with that bound then waits (deferForGiveBacks). A
 // request's bound is set once it gets past the owner's serialized call (waitFrom),
-// so that it waits for every give-back sent before then and for none sent after.
-// A request that waited for give-backs and then finds the owner's call in flight
+// so that it waits for every give-back sent before then (and, but for a Settle,
+// for those sent while it waited: rebound). A request that waited for give-backs and then finds the owner's call in flight
 // waits for that call with its bound unset: a give-back parked behind the call
 // (parkCleanup) goes out ahead of it when the call is answered, and the request,
 // getting past the call after it, waits for that give-back too.

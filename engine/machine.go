@@ -88,22 +88,30 @@ type machine struct {
 	fx          effects
 	now         time.Time // the time of the message being handled
 	// answering: the call whose reply is being read, until its owners are marked
-	// idle (see ownCalls); nil otherwise.
-	answering *scriptCall
+	// idle (see ownCalls); zero otherwise. A copy of the few fields ownCalls reads,
+	// not a pointer to the reply: that would move every reply to the heap.
+	answering answeringCall
+}
+
+// answeringCall is what ownCalls needs of the call being answered (lock 0: none;
+// lock ids start at 1).
+type answeringCall struct {
+	lock, owner, receiver uint64
+	serial, handoff       bool
 }
 
 // ownCalls is how many of owner k's busy counts the call being answered holds:
 // it is in flight no more.
 func (m *machine) ownCalls(k holdKey) int {
-	c := m.answering
-	if c == nil || c.lock != k.lock {
+	c := &m.answering
+	if c.lock == 0 || c.lock != k.lock {
 		return 0
 	}
 	n := 0
 	if c.serial && c.owner == k.owner {
 		n++
 	}
-	if c.purpose == purposeHandoff && c.receiver == k.owner {
+	if c.handoff && c.receiver == k.owner {
 		n++
 	}
 	return n
@@ -426,7 +434,10 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 			return // still in flight: the owner (and an early grant's receiver) stays busy
 		}
 	}
-	m.answering = &d.call // until its owners are marked idle (see ownCalls)
+	m.answering = answeringCall{ // until its owners are marked idle (see ownCalls)
+		lock: d.call.lock, owner: d.call.owner, receiver: d.call.receiver,
+		serial: d.call.serial, handoff: d.call.purpose == purposeHandoff,
+	}
 	if d.call.giveBack != 0 {
 		m.nextBoundedGiveBack(d) // sent before anything the reply starts
 		m.noteGiveBackUnknown(d) // before the requests that waited for it are handled
@@ -462,7 +473,7 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 	case purposeLeave:
 		m.onLeaveDone(d, now)
 	}
-	m.answering = nil
+	m.answering = answeringCall{}
 	if d.call.serial {
 		m.markIdle(holdKey{d.call.lock, d.call.owner}, now)
 	}

@@ -224,3 +224,171 @@ func TestMachineOrderTryFailureDoesNotUndoHandoffToSameHandle(t *testing.T) {
 	h.reply(att, replyNil, nil)
 	mustGranted(t, "waiter", w.future)
 }
+
+// A waiter refused a handoff because its handle's single try was in flight
+// attempts once the release and the try are answered (the try's reply first).
+func TestMachineOrderRefusedHandoffWaiterAttempts(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 2, 0)
+	w := h.acquire("L", 1, 0, -1)
+	h.take()
+	try := h.acquire("L", 1, 0, 0)
+	tc := h.take().one(t, scripts.LockAcquire)
+	h.unlock("L", 2)
+	rel := h.take().one(t, scripts.LockRelease)
+	h.reply(tc, replyPTTL(30*time.Second), nil) // try refused (ran before the release)
+	if err := mustGet(t, "try", try.future); err == nil {
+		t.Fatal("try granted")
+	}
+	h.take().none(t)
+	h.reply(rel, replyInt(1), nil)
+	att := h.attemptAfterRelease(t, "L")
+	h.reply(att, replyNil, nil)
+	mustGranted(t, "waiter", w.future)
+}
+
+// The same on a fair lock, the release and its message first, the try's reply
+// last.
+func TestMachineOrderRefusedFairHandoffWaiterAttempts(t *testing.T) {
+	h := newMH(t)
+	a := h.acquireFair("L", 2)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyNil, nil)
+	h.take()
+	mustGranted(t, "a", a.future)
+	w := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+	h.take()
+	try := h.tryFair("L", 1)
+	tc := h.take().one(t, scripts.FairAcquire)
+	h.unlock("L", 2)
+	rel := h.take().one(t, scripts.FairRelease)
+	h.reply(rel, replyInt(1), nil)
+	h.take()
+	h.m.handle(unlockNotice{channel: channelName("L") + ":" + testClientID + ":1", payload: unlockMessage}, h.now)
+	h.take().none(t)
+	h.reply(tc, replyInt(1), nil) // try refused
+	if err := mustGet(t, "try", try); err == nil {
+		t.Fatal("try granted")
+	}
+	att := h.take().one(t, scripts.FairAcquire)
+	h.reply(att, replyNil, nil)
+	mustGranted(t, "waiter", w.future)
+}
+
+// A fair leave parked behind its handle's try, then Close: the leave goes at the
+// try's reply, and the lock's state stays until it has.
+func TestMachineOrderParkedLeaveAtClose(t *testing.T) {
+	h := newMH(t)
+	a := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+	h.take()
+	h.subscribed("L")
+	for _, c := range h.take().calls(scripts.FairAcquire) {
+		h.reply(c, replyPTTL(30*time.Second), nil)
+	}
+	h.take()
+	h.tryFair("L", 1)
+	call := h.take().one(t, scripts.FairAcquire)
+	h.cancelCtx(a)
+	h.take().none(t)
+	h.m.handle(closeMsg{}, h.now)
+	s := h.take()
+	if len(s.calls(scripts.FairLeave)) != 0 {
+		t.Fatalf("leave sent at close: %v", s)
+	}
+	if !h.live("L") {
+		t.Fatal("lock state gone")
+	}
+	h.reply(call, replyInt(1), nil)
+	leave := h.take().one(t, scripts.FairLeave)
+	if leave.args[4] != "1" {
+		t.Fatalf("leave %v", leave.args)
+	}
+	h.reply(leave, replyInt(1), nil)
+	h.take()
+	if l := h.m.locks["L"]; l != nil && (l.inflight != 0 || l.cleanupsWaiting != 0) {
+		t.Fatalf("lock state left: %+v", l)
+	}
+	if len(h.m.serial)+len(h.m.giveBacks)+len(h.m.boundedGiveBacks) != 0 {
+		t.Fatalf("left: %v %v %v", h.m.serial, h.m.giveBacks, h.m.boundedGiveBacks)
+	}
+}
+
+// An owner's bounded give-backs queued behind one in flight, then Close, the first
+// failing (no retry while closing): the others still go, one bounded one at a
+// time (Close's own release of the whole field goes beside them), and nothing of
+// the owner's is left.
+func TestMachineOrderBoundedGiveBacksAtClose(t *testing.T) {
+	h := newMH(t)
+	ws := h.reenteredTimes(t, 3)
+	h.cancelCtx(ws[2])
+	g1 := h.take().one(t, scripts.LockReleaseOwner)
+	h.cancelCtx(ws[1])
+	h.cancelCtx(ws[0])
+	h.take().none(t) // both wait for g1
+	h.m.handle(closeMsg{}, h.now)
+	pending := h.take().calls(scripts.LockReleaseOwner)
+	h.reply(g1, scripts.Reply{}, errConn)
+	pending = append(pending, h.take().calls(scripts.LockReleaseOwner)...)
+	bounded := 1 // g1
+	for len(pending) > 0 {
+		n := 0
+		for _, c := range pending {
+			if len(c.args) == 4 {
+				n++
+			}
+		}
+		if n > 1 {
+			t.Fatalf("%d bounded give-backs of one owner in flight at once: %v", n, pending)
+		}
+		bounded += n
+		var next []scriptCall
+		for _, c := range pending {
+			h.reply(c, replyInt(0), nil)
+			next = append(next, h.take().calls(scripts.LockReleaseOwner)...)
+		}
+		pending = next
+	}
+	if bounded != 3 {
+		t.Fatalf("%d bounded give-backs sent, want 3", bounded)
+	}
+	if l := h.m.locks["L"]; l != nil && !l.idle {
+		t.Fatalf("lock state left: inflight %d cleanups waiting %d", l.inflight, l.cleanupsWaiting)
+	}
+	if len(h.m.serial)+len(h.m.giveBacks)+len(h.m.boundedGiveBacks) != 0 {
+		t.Fatalf("left: %v %v %v", h.m.serial, h.m.giveBacks, h.m.boundedGiveBacks)
+	}
+}
+
+// The receiver of an early fair handoff that did not hand over leaves the Redis
+// queue in the handoff's reply itself (the call being answered is not one it
+// waits for: machine.answering), before the relayed owners' leaves and anything
+// their release starts.
+func TestMachineOrderReceiverLeavesFirst(t *testing.T) {
+	h, c, _, _ := fairRelaySetup(t)
+	h.reply(c, replyNil, nil) // the releasing owner had lost the lock
+	var fields []string
+	for _, l := range h.take().calls(scripts.FairLeave) {
+		fields = append(fields, l.args[0])
+	}
+	if len(fields) == 0 || fields[0] != "cid:3" {
+		t.Fatalf("leaves %v, want the receiver's (cid:3) first", fields)
+	}
+}
+
+// Reading a reply allocates nothing of its own (machine.answering is a copy of a
+// few fields, not a pointer that would move every reply to the heap).
+func TestMachineReplyAllocatesNothing(t *testing.T) {
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	l := h.lock("L")
+	d := scriptDone{call: scriptCall{script: scripts.LockRenew, purpose: purposeRenew, lock: l.id}, reply: replyInt(1)}
+	n := testing.AllocsPerRun(1000, func() {
+		l.inflight++
+		h.m.onScriptDone(d, h.now)
+		h.m.fx.reset()
+	})
+	if n != 0 {
+		t.Fatalf("%v allocations per renewal reply, want 0", n)
+	}
+}
