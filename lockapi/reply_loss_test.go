@@ -68,6 +68,38 @@ func (p *replyProxy) cutCount() int {
 	return p.cuts
 }
 
+// ctxEndingAfterCut returns a context that ends once p has cut a reply: the call
+// ran on the server and its client is about to retry, so the context ends after
+// the call went out however slow the machine is (a fixed 5 ms could end before the
+// engine sent it, with four race suites running at once).
+func ctxEndingAfterCut(t *testing.T, p *replyProxy) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer cancel()
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		giveUp := time.NewTimer(10 * time.Second)
+		defer giveUp.Stop()
+		for p.cutCount() == 0 {
+			select {
+			case <-tick.C:
+			case <-giveUp.C:
+				return
+			case <-stop:
+				return
+			}
+		}
+	})
+	t.Cleanup(func() {
+		close(stop)
+		wg.Wait()
+	})
+	return ctx
+}
+
 func (p *replyProxy) accept() {
 	for {
 		c, err := p.ln.Accept()
@@ -236,7 +268,8 @@ func testUnlockReplyLostKeepsCount(t *testing.T, fair bool) {
 
 // TestLockReplyLost: the reply to a Lock's acquire (or re-entry) is lost after
 // the server ran it; the engine retries after a back-off, and the caller's context
-// ends during that back-off ("-cancel") or not at all.
+// ends as the reply is cut, before or during that back-off ("-cancel"), or not at
+// all.
 //
 // A Lock that returned an error must not leave the lock held: with no earlier
 // hold ("Mutex-cancel", "FairMutex-cancel") the lock must be free at once, not
@@ -250,19 +283,19 @@ func TestLockReplyLost(t *testing.T) {
 		name    string
 		fair    bool
 		reenter bool
-		ctxEnd  time.Duration // 0: a long context
+		cancel  bool          // the context ends once the reply is cut (ctxEndingAfterCut); else a long one
 		wait    time.Duration // > 0: WithWait(wait) instead of a context's end
 	}{
-		{"Mutex-wait", false, false, 0, 5 * time.Millisecond},
-		{"FairMutex-wait", true, false, 0, 5 * time.Millisecond},
-		{"Mutex", false, false, 0, 0},
-		{"Mutex-cancel", false, false, 5 * time.Millisecond, 0},
-		{"Mutex-reenter", false, true, 0, 0},
-		{"Mutex-reenter-cancel", false, true, 5 * time.Millisecond, 0},
-		{"FairMutex", true, false, 0, 0},
-		{"FairMutex-cancel", true, false, 5 * time.Millisecond, 0},
-		{"FairMutex-reenter", true, true, 0, 0},
-		{"FairMutex-reenter-cancel", true, true, 5 * time.Millisecond, 0},
+		{"Mutex-wait", false, false, false, 5 * time.Millisecond},
+		{"FairMutex-wait", true, false, false, 5 * time.Millisecond},
+		{"Mutex", false, false, false, 0},
+		{"Mutex-cancel", false, false, true, 0},
+		{"Mutex-reenter", false, true, false, 0},
+		{"Mutex-reenter-cancel", false, true, true, 0},
+		{"FairMutex", true, false, false, 0},
+		{"FairMutex-cancel", true, false, true, 0},
+		{"FairMutex-reenter", true, true, false, 0},
+		{"FairMutex-reenter-cancel", true, true, true, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -290,8 +323,8 @@ func TestLockReplyLost(t *testing.T) {
 				proxy.arm(stormSHA(scripts.FairAcquire))
 			}
 			ctx := ctxFor(t, 10*time.Second)
-			if tc.ctxEnd > 0 {
-				ctx = ctxFor(t, tc.ctxEnd)
+			if tc.cancel {
+				ctx = ctxEndingAfterCut(t, proxy)
 			}
 			var opts []lockapi.AcquireOption
 			if tc.wait > 0 {
