@@ -9,11 +9,24 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leash-go/leash/futures"
 	"github.com/leash-go/leash/internal/scripts"
 	"github.com/leash-go/leash/timer"
 )
 
-// an Unlock waiting in afterGiveBacks for give-back g1 must also wait for a
+// handsOverEarlyAfter answers give-back gb; owner 1's Unlock u, which waited for
+// it, then hands "L" over to other (owner 2's waiter), granting it early, and the
+// handoff's reply confirms the swap.
+func (h *mh) handsOverEarlyAfter(t *testing.T, gb scriptCall, other *tw, u *futures.Future[error]) {
+	t.Helper()
+	h.reply(gb, replyInt(0), nil)
+	c := h.take().one(t, scripts.LockHandoff)
+	mustGranted(t, "owner 2, early", other.future)
+	h.reply(c, replyInt(2), nil)
+	mustGranted(t, "unlock", u)
+}
+
+// An Unlock waiting in afterGiveBacks for give-back g1 must also wait for a
 // give-back g2 started while it waited (a second walked-away grant of the same
 // hold, taken back with the owner idle): g2's count is already gone from the hold
 // when the Unlock reads it (its handoff decision, its bound), while Redis counts it
@@ -44,14 +57,10 @@ func TestMachineOrderUnlockWaitsForGiveBackStartedWhileParked(t *testing.T) {
 		t.Fatalf("unlock sent %v while g2 is in flight; want it to wait for g2", s)
 	}
 	mustPending(t, "unlock behind g2", u)
-	h.reply(g2[0], replyInt(0), nil)
-	c := h.take().one(t, scripts.LockHandoff)
-	mustGranted(t, "owner 2, early", other.future)
-	h.reply(c, replyInt(2), nil)
-	mustGranted(t, "unlock", u)
+	h.handsOverEarlyAfter(t, g2[0], other, u)
 }
 
-// a TryLock parked behind give-back g1 must also wait for a whole-field
+// A TryLock parked behind give-back g1 must also wait for a whole-field
 // release of the owner's started while it waited (its hold's expiry): sent before
 // that release has run, the try can take the lock on the owner's field, which the
 // release then deletes under it.
@@ -83,7 +92,7 @@ func TestMachineOrderTryLockWaitsForLostReleaseStartedWhileParked(t *testing.T) 
 	mustGranted(t, "try", try.future)
 }
 
-// a fair waiter's leave must not give back (claim "1") a hold that its
+// A fair waiter's leave must not give back (claim "1") a hold that its
 // handle's single try, in flight, may take: Redis may run the try first (it takes
 // the free lock, the waiter's entry heading the queue), then the leave, which
 // deletes that hold as an unheard direct grant, while the engine grants the try.
@@ -108,7 +117,7 @@ func TestMachineOrderFairLeaveDoesNotGiveBackTryInFlight(t *testing.T) {
 	}
 }
 
-// a handoff to a waiter whose handle has a single try in flight: the
+// A handoff to a waiter whose handle has a single try in flight: the
 // waiter walks away during the handoff, and the grant goes back at its reply
 // (releaseOne without waiting, as if the handoff were the owner's only call). When
 // its earlier attempt failed (maySurplus), that give-back deletes the whole field,
@@ -146,7 +155,7 @@ func TestMachineOrderNoHandoffToOwnerWithCallInFlight(t *testing.T) {
 	h.reply(tc, replyPTTL(30*time.Second), nil)
 }
 
-// two one-count give-backs of one hold in flight at once. Each is bounded
+// Two one-count give-backs of one hold in flight at once. Each is bounded
 // by the counts the owner keeps as of its send (2, then 1), which makes a retry of
 // either idempotent but the pair order-dependent: if the second runs first (3 -> 2),
 // or the first's try fails unrun and its retry goes after the second ran, the first
@@ -182,11 +191,7 @@ func TestMachineOrderGiveBacksOfOneHoldAreSerialized(t *testing.T) {
 	}
 	u := h.unlock("L", 1) // waits for g2
 	h.take().none(t)
-	h.reply(g2, replyInt(0), nil)
-	c := h.take().one(t, scripts.LockHandoff)
-	mustGranted(t, "owner 2, early", other.future)
-	h.reply(c, replyInt(2), nil)
-	mustGranted(t, "unlock", u)
+	h.handsOverEarlyAfter(t, g2, other, u)
 }
 
 // The same handoff beside a single try, with no reordering at all: the try

@@ -462,15 +462,23 @@ func TestMachineGiveBackGoesBeforeWaitingUnlock(t *testing.T) {
 		t.Fatalf("give-back args %v, want %v (one count, the one u2 holds kept)", gb.args, want)
 	}
 	mustPending(t, "second unlock behind the give-back", u2)
+	h.releasesLastCountAfter(t, gb, u2)
+}
+
+// releasesLastCountAfter answers give-back gb; owner 1's Unlock u, which waited
+// for it, then releases the last count of its hold on "L" (no bound), and the hold
+// is gone.
+func (h *mh) releasesLastCountAfter(t *testing.T, gb scriptCall, u *futures.Future[error]) {
+	t.Helper()
 	h.reply(gb, replyInt(0), nil)
-	rel2 := h.take().one(t, scripts.LockRelease)
-	if len(rel2.args) != 6 {
-		t.Fatalf("second unlock's args %v, want the last count's release (no bound)", rel2.args)
+	rel := h.take().one(t, scripts.LockRelease)
+	if len(rel.args) != 6 {
+		t.Fatalf("the unlock's args %v, want the last count's release (no bound)", rel.args)
 	}
-	h.reply(rel2, replyInt(1), nil)
-	mustGranted(t, "second unlock", u2)
+	h.reply(rel, replyInt(1), nil)
+	mustGranted(t, "the last unlock", u)
 	if hd := h.hold("L", 1); hd != nil {
-		t.Fatalf("hold %+v after the last unlock", hd)
+		t.Fatalf("hold %+v after the last count's release", hd)
 	}
 }
 
@@ -513,16 +521,7 @@ func TestMachineRequestWaitingAgainWaitsForParkedGiveBack(t *testing.T) {
 		mustGranted(t, "first unlock", u1)
 		g2 := h.take().one(t, scripts.LockReleaseOwner) // and nothing of u2's beside it
 		mustPending(t, "second unlock behind the give-back", u2)
-		h.reply(g2, replyInt(0), nil)
-		rel2 := h.take().one(t, scripts.LockRelease)
-		if len(rel2.args) != 6 {
-			t.Fatalf("second unlock's args %v, want the last count's release (no bound)", rel2.args)
-		}
-		h.reply(rel2, replyInt(1), nil)
-		mustGranted(t, "second unlock", u2)
-		if hd := h.hold("L", 1); hd != nil {
-			t.Fatalf("hold %+v after the last count's release", hd)
-		}
+		h.releasesLastCountAfter(t, g2, u2)
 	})
 	t.Run("settle", func(t *testing.T) {
 		h := newMH(t)
