@@ -71,7 +71,7 @@ func (p *replyProxy) cutCount() int {
 // ctxEndingAfterCut returns a context that ends once p has cut a reply: the call
 // ran on the server and its client is about to retry, so the context ends after
 // the call went out however slow the machine is (a fixed 5 ms could end before the
-// engine sent it, with four race suites running at once).
+// engine sent it, with a race suite and a storm loop running beside it).
 func ctxEndingAfterCut(t *testing.T, p *replyProxy) context.Context {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
