@@ -58,8 +58,8 @@ func fairGrantSilently(t *testing.T, srv *testredis.Server, name, owner string, 
 // call on lock name in flight, its last reply stepped (DescribeLock's "inflight
 // 0"). A release made after that finds the waiter with no call in flight, so it
 // takes its grant from the message alone. (Without the last wait, a reply still on
-// its way to c's engine made the waiter attempt again: 1 run in about 30 full
-// suites under load.)
+// its way to c's engine made the waiter attempt again: 1 run in 9 full suites
+// run beside a storm loop.)
 func fairGrantSettle(t *testing.T, srv *testredis.Server, c *lockapi.Client, name string, attempts uint64, scripts int64) {
 	t.Helper()
 	fairWaitFor(t, 10*time.Second, "the waiter's attempts", func() bool { return stats(t, c).Attempts >= attempts })
