@@ -224,9 +224,15 @@ func TestMachineOrderTryFailureDoesNotUndoHandoffToSameHandle(t *testing.T) {
 	if len(cleanup) == 1 {
 		h.reply(cleanup[0], replyInt(-1), nil) // the try's clean-up: its attempt waits for it
 	}
+	h.waiterTakesItAfter(t, rel, w)
+}
+
+// waiterTakesItAfter answers release rel as the lock's release; waiter w, refused
+// the handoff, then attempts and takes "L".
+func (h *mh) waiterTakesItAfter(t *testing.T, rel scriptCall, w *tw) {
+	t.Helper()
 	h.reply(rel, replyInt(1), nil)
-	att := h.attemptAfterRelease(t, "L")
-	h.reply(att, replyNil, nil)
+	h.reply(h.attemptAfterRelease(t, "L"), replyNil, nil)
 	mustGranted(t, "waiter", w.future)
 }
 
@@ -246,10 +252,7 @@ func TestMachineOrderRefusedHandoffWaiterAttempts(t *testing.T) {
 		t.Fatal("try granted")
 	}
 	h.take().none(t)
-	h.reply(rel, replyInt(1), nil)
-	att := h.attemptAfterRelease(t, "L")
-	h.reply(att, replyNil, nil)
-	mustGranted(t, "waiter", w.future)
+	h.waiterTakesItAfter(t, rel, w)
 }
 
 // The same on a fair lock, the release and its message first, the try's reply
