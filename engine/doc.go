@@ -19,7 +19,7 @@
 //   - Engine (engine.go) is the thin loop: it receives messages, calls the machine,
 //     and carries out the effects. Redis I/O never runs on the loop goroutine: the
 //     pending script calls go out as one batch on a sender goroutine, merged into
-//     few script calls (scripts.RunBatch), at most two batches in flight (see
+//     few script calls (scripts.RunBatch), at most four batches in flight (see
 //     maxSends); a call alone in flight takes the runner's dedicated connection
 //     (scripts.RunLone). The sender steps the machine with the replies and sends
 //     what is pending by then, and ends when nothing is. Timer firings, unlock

@@ -120,7 +120,7 @@ type Engine struct {
 	// spares are answered batches' backing arrays, emptied, for the next pending
 	// calls (see recycle): under load a batch holds dozens of calls, and growing a
 	// new slice for each would allocate about a kilobyte per lock operation. One
-	// spare per send slot: two batches in flight and pending make three arrays.
+	// spare per send slot: the batches in flight and pending make one array more.
 	spares [maxSends][]scriptCall
 	// spareCalls and spareResults are the slices of the runner's view of a
 	// batch and of its results (see sender) that the last sender to return left
@@ -151,16 +151,21 @@ const (
 )
 
 // maxSends is how many batches of script calls may be in flight at once. While
-// both are out, new calls wait and go together in the next batch, as one merged
+// all are out, new calls wait and go together in the next batch, as one merged
 // script call (scripts.RunBatch): under load, batches grow instead of the number of
 // writes, wake-ups and Lua calls per lock operation; a lone call still goes at once.
-// Measured on two cores with 256 goroutines on their own locks: about twice the
-// operations per second of sending every step's calls at once. One slot did worse
-// (bench B, with a goroutine per batch then: 42,000 and 46,000 ops/s against
-// 50,000 and 62,000 with two); with the senders (see sender), three, four or
-// eight (also with 32 calls a merged call) did no better than two: more batches
-// in flight left the CPUs less idle but cost as much CPU as they saved.
-const maxSends = 2
+//
+// Measured on two cores with 256 goroutines on their own locks (bench scenario B,
+// interleaved runs of three repetitions each, leash's ops/s ÷ rueidislock's in the
+// same run): two slots made 1.32-1.54× (median 1.40×, 15 runs), three 1.26-1.70×
+// (1.55×, 15 runs), four 1.45-1.77× (1.58×, 11 runs), six and eight no more than
+// four (1.55× each, 5 runs each); leash's own ops/s, median of the runs, four
+// against two: 96,700 against 82,500. With more slots a batch is on the server
+// while the replies of others are stepped and the calls they free gathered;
+// beyond four, batches only get smaller. The contended scenarios (A, C, D)
+// measured the same with four as with two. (When this was first measured, on an
+// earlier engine, three, four and eight slots did no better than two.)
+const maxSends = 4
 
 // wakeMsg only wakes the loop: a caller (runDirect) or a sender answered the last
 // call in flight of a closing engine, and the loop may return.

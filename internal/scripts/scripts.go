@@ -304,7 +304,7 @@ const (
 // restarted), every script is loaded again, and the commands that did not run are
 // sent again, in order, unless a later command on one of their keys already ran
 // (see ErrReordered). That check covers one batch: a call of another batch in
-// flight at the same time (the engine keeps up to two) may run before the one sent
+// flight at the same time (the engine keeps up to four) may run before the one sent
 // again. The engine serializes each owner's acquires and releases (serial.go), so
 // such calls are on different owners' behalf.
 func (r *Redis) RunBatch(ctx context.Context, calls []Call, out []Result) []Result {
