@@ -126,11 +126,16 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 	l := w.lock
 	try, register := "0", ""
 	lease := m.leaseOf(w.lease)
-	// Only a queued waiter's own attempts may claim an unheard direct grant: the
-	// grant was made to it (a single try or a re-entry of the same handle must not
-	// take it, or it would be counted twice when its message comes).
+	// A queued waiter's own attempts claim an unheard direct grant: the grant was
+	// made to it. So does a single try of a handle that holds nothing here: its
+	// handle's queued waiter may have been granted, and a re-entry of that grant
+	// would count twice on Redis where the engine counts once (the try's reply
+	// takes the waiter out of the queue, ownerEntryTaken, and the grant's message
+	// then grants nobody). The message cannot count it again: fairGranted grants
+	// nobody while the try is in flight, and after its reply the waiter is out of
+	// the queue if the try took the lock. A holder's re-entry never claims.
 	claim := "0"
-	if !w.direct {
+	if !w.direct || w.oneShot {
 		claim = m.claimFlag(l, w.owner)
 	}
 	joining := w.joinPending
@@ -411,9 +416,11 @@ func (m *machine) fairGranted(l *lockState, owner uint64, idText string, now tim
 		return
 	}
 	m.stats.Notices++
-	if w.attempting || now.Sub(w.queuedAt) > m.leaseOf(w.lease)/3 {
+	if w.attempting || m.ownerBusy(holdKey{l.id, owner}) || now.Sub(w.queuedAt) > m.leaseOf(w.lease)/3 {
 		// An attempt in flight (even the one that queued w, whose reply may come
-		// after this message) is followed by another, which claims the grant.
+		// after this message) is followed by another, which claims the grant. So
+		// is another call of the owner's (a single try of the same handle, which
+		// may claim the grant itself: see fairAttempt); w's attempt waits for it.
 		w.wake = true
 		m.fairAdvance(l, now)
 		return
