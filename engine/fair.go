@@ -149,7 +149,10 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 		// A waiter whose process dies after a direct grant holds the lock for its
 		// lease; one whose lease is longer than it would keep its place in the queue
 		// when gone (fairWait) is woken instead, and takes the lock itself.
-		register = millis(lease) + ":" + strconv.FormatUint(w.id, 10)
+		// Each registration is numbered ("<waiter id>.<n>"), and a grant's message
+		// names the registration it was made to: see fairGranted.
+		w.regs++
+		register = millis(lease) + ":" + grantName(w)
 	}
 	m.run(scriptCall{
 		joining: joining,
@@ -375,8 +378,15 @@ func (m *machine) onFairRetry(key timer.Key, now time.Time) {
 	m.fairAdvance(w.lock, now)
 }
 
-// grantPrefix starts the message of a direct grant: "leash:grant:<waiter id>".
+// grantPrefix starts the message of a direct grant: "leash:grant:<grant name>",
+// the name being the one the waiter registered with (grantName).
 const grantPrefix = "leash:grant:"
+
+// grantName is what w's latest registration for a direct grant names it by:
+// "<waiter id>.<registration number>".
+func grantName(w *waiter) string {
+	return strconv.FormatUint(w.id, 10) + "." + strconv.FormatUint(uint64(w.regs), 10)
+}
 
 // fairNotice routes a per-waiter message to its waiter.
 func (m *machine) fairNotice(channel, payload string, now time.Time) {
@@ -404,16 +414,25 @@ func (m *machine) fairNotice(channel, payload string, now time.Time) {
 	}
 }
 
-// fairGranted takes a direct grant's message. A grant to a waiter that is gone
-// (left: its leave gives the grant back; claimed: its attempt took it) is ignored.
-// One whose attempt is in flight retries after it, and that attempt or the next
-// claims the grant. Otherwise the grant is dated at w.queuedAt (see the top of the
-// file) and recorded, or claimed with a call when that date is too old.
-func (m *machine) fairGranted(l *lockState, owner uint64, idText string, now time.Time) {
+// fairGranted takes a direct grant's message, which names the registration the
+// grant was made to (grantName). A grant to a waiter that is gone (left: its leave
+// gives the grant back; claimed: its attempt took it) is ignored, and so is one
+// made to an earlier registration of w than its latest: w's later attempt ran
+// after that grant, and took it (claimed or re-entered), or another call of the
+// owner's took it first (a single try's claim: see fairAttempt), maybe to give it
+// back since; granting w on it now would count a hold Redis may not have. A
+// waiter whose attempt is in flight retries after it, and that attempt or the next
+// claims the grant. Otherwise the grant is dated at w.queuedAt (see the top of
+// the file) and recorded, or claimed with a call when that date is too old.
+func (m *machine) fairGranted(l *lockState, owner uint64, name string, now time.Time) {
+	idText, regText, numbered := strings.Cut(name, ".")
 	id, err := strconv.ParseUint(idText, 10, 64)
 	w := m.waiters[id]
 	if err != nil || w == nil || w.lock != l || w.owner != owner || !(w.enqueued || w.attempting) {
 		return
+	}
+	if numbered && regText != strconv.FormatUint(uint64(w.regs), 10) {
+		return // an earlier registration's: see above
 	}
 	m.stats.Notices++
 	if w.attempting || m.ownerBusy(holdKey{l.id, owner}) || now.Sub(w.queuedAt) > m.leaseOf(w.lease)/3 {

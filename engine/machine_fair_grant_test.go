@@ -1,27 +1,51 @@
 package engine
 
 import (
+	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/leash-go/leash/futures"
 	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
 )
+
+// registeredName is the grant name a fair_acquire call registers its waiter under
+// (ARGV[6], "<lease ms>:<grant name>"), which a release's grant message names.
+func registeredName(c scriptCall) string {
+	_, name, _ := strings.Cut(c.args[5], ":")
+	return name
+}
+
+// fairGrantNotice delivers "leash:grant:<name>" on owner's channel of lock.
+func (h *mh) fairGrantNotice(lock string, owner uint64, name string) {
+	h.m.handle(unlockNotice{
+		channel: channelName(lock) + ":" + testClientID + ":" + strconv.FormatUint(owner, 10),
+		payload: grantPrefix + name,
+	}, h.now)
+}
 
 // fairHeadRedis models what a fair lock's hash holds for owner 1 (field cid:1) while
 // another process holds the lock at first, owner 1's waiter heading the Redis
 // queue: enough of fair_acquire.lua and fair_lib.lua's pass_on for the test below.
 type fairHeadRedis struct {
-	otherHolds bool // the other process's field is there
-	count      int  // cid:1's count
+	otherHolds bool   // the other process's field is there
+	count      int    // cid:1's count
+	reg        string // owner 1's registration's grant name
+	granted    string // the grant name pass_on published
 }
 
 // release is the other process's fair_release: pass_on grants the registered
-// head (owner 1) directly, cid:1 = 1, and publishes "leash:grant:<id>".
-func (r *fairHeadRedis) release() { r.otherHolds, r.count = false, 1 }
+// head (owner 1) directly, cid:1 = 1, and publishes "leash:grant:<name>".
+func (r *fairHeadRedis) release() { r.otherHolds, r.count, r.granted = false, 1, r.reg }
 
 // acquire runs fair_acquire call c of owner 1.
 func (r *fairHeadRedis) acquire(c scriptCall) scripts.Reply {
+	if r.otherHolds && r.count == 0 && c.args[4] != "1" && c.args[5] != "" {
+		r.reg = registeredName(c) // queued: registered
+	}
 	switch {
 	case !r.otherHolds && r.count == 0: // free, owner 1 heads the queue: it takes it
 		r.count = 1
@@ -78,12 +102,7 @@ func TestMachineFairGrantBesideHandlesTry(t *testing.T) {
 			h.take()
 			try := h.tryFair("L", 1)
 			tryCall := h.take().one(t, scripts.FairAcquire)
-			message := func() {
-				h.m.handle(unlockNotice{
-					channel: channelName("L") + ":" + testClientID + ":1",
-					payload: grantPrefix + strconv.FormatUint(a.id, 10),
-				}, h.now)
-			}
+			message := func() { h.fairGrantNotice("L", 1, redis.granted) }
 			var tryReply scripts.Reply
 			if tc.tryBeforeGrant {
 				tryReply = redis.acquire(tryCall)
@@ -125,4 +144,155 @@ func TestMachineFairGrantBesideHandlesTry(t *testing.T) {
 			}
 		})
 	}
+}
+
+// tryFairCtx is tryFair with a context the test can end.
+func (h *mh) tryFairCtx(lock string, owner uint64) (uint64, *futures.Future[error], context.CancelFunc, context.Context) {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.t.Cleanup(cancel)
+	h.nextID++
+	f := futures.New[error]()
+	h.m.handle(acquireMsg{id: h.nextID, lock: lock, owner: owner, fair: true, ctx: ctx,
+		stop: func() bool { return true }, future: f}, h.now)
+	return h.nextID, f, cancel, ctx
+}
+
+// A single try that claims a direct grant made to its handle's queued waiter a
+// consumes a's grant, while a stays a live waiter: the grant's message,
+// published before the try ran (pub/sub connection), is stale from then on. If it
+// comes only after a has joined the Redis queue again, it must not grant a (with
+// no call, a would hold in the engine while Redis has no field of owner 1, and
+// another process holds the lock): it names a's first registration, and a has
+// registered again since.
+//
+//  1. a (owner 1) is queued, registered, heading the Redis queue; another process
+//     holds; process X's waiter is queued behind a.
+//  2. owner 1's TryLock T goes (claim "1").
+//  3. Redis: the other process's release grants a (cid:1 = 1, publishes
+//     leash:grant:<a>); T runs and claims cid:1. T's context ends meanwhile.
+//  4. T's reply nil: T is granted (a leaves the local Redis queue:
+//     ownerEntryTaken), its grant goes back at once (context ended):
+//     lock_release_owner deletes cid:1, X heads the queue and takes the lock.
+//  5. a joins again (claim "1"): queued behind X's hold.
+//  6. The grant's message for a arrives now: a is granted. Two holders.
+func TestMachineFairStaleGrantMessageAfterTryClaimedIt(t *testing.T) {
+	h := newMH(t, func(c *config) { c.fairWait = 5 * time.Minute })
+	a := h.acquireFair("L", 1)
+	join := h.take().one(t, scripts.FairAcquire)
+	if join.args[5] == "" {
+		t.Fatalf("setup: a's join %v does not register", join.args)
+	}
+	granted := registeredName(join)               // the registration the release grants to
+	h.reply(join, replyPTTL(30*time.Second), nil) // queued, heads the Redis queue
+	h.take()
+
+	tryID, tryF, cancel, ctx := h.tryFairCtx("L", 1)
+	try := h.take().one(t, scripts.FairAcquire)
+	if try.args[6] != "1" {
+		t.Fatalf("setup: try %v does not claim", try.args)
+	}
+	// Redis: the release grants a (cid:1 = 1), then the try claims cid:1.
+	cancel()
+	h.m.handle(cancelMsg{id: tryID, err: ctx.Err()}, h.now) // in flight: answered at the reply
+	h.reply(try, replyNil, nil)
+	if err, ok := peek(tryF); !ok || err == nil {
+		t.Fatalf("setup: try answered %v, %v; want its context's error", err, ok)
+	}
+	gb := h.take().one(t, scripts.LockReleaseOwner) // T's grant goes back: cid:1 deleted
+	h.now = h.now.Add(time.Millisecond)
+	h.reply(gb, replyInt(1), nil) // the lock was deleted; X, now at the head, takes it
+	rejoin := h.take().one(t, scripts.FairAcquire)
+	h.now = h.now.Add(time.Millisecond)
+	h.reply(rejoin, replyPTTL(30*time.Second), nil) // a queued again, behind X's hold
+	h.take()
+
+	// Redis holds no field of owner 1. The grant's message, published at step 3,
+	// arrives only now.
+	h.fairGrantNotice("L", 1, granted)
+	h.take()
+	if err, ok := peek(a.future); ok && err == nil {
+		t.Fatalf("a granted by the stale message of the grant the try claimed (and gave back): " +
+			"the engine holds for owner 1 while Redis has no cid:1 field (X holds the lock)")
+	}
+	if hd := h.hold("L", 1); hd != nil {
+		t.Fatalf("engine holds owner 1 (count %d); Redis has no cid:1", hd.count)
+	}
+}
+
+// The same stale message without a context ending: owner 1's TryLock T claims a's
+// grant and is granted while the lock backs off (another local waiter's transport
+// error), so a cannot re-enter at once; T's Unlock releases the lock (to c, next in
+// the Redis queue); a joins again when the back-off ends, and the grant's message,
+// published before T ran, then grants a: a and c both hold.
+func TestMachineFairStaleGrantMessageAfterTryClaimedItAndUnlocked(t *testing.T) {
+	h := newMH(t, func(c *config) { c.fairWait = 5 * time.Minute })
+	a := h.acquireFair("L", 1)
+	join := h.take().one(t, scripts.FairAcquire)
+	granted := registeredName(join)               // the registration the release grants to
+	h.reply(join, replyPTTL(30*time.Second), nil) // a heads the Redis queue
+	c := h.acquireFair("L", 3)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil) // c behind a
+	h.take()
+	// c's retry timer fires; its attempt fails with a transport error: the lock backs off.
+	cw := h.m.waiters[c.id]
+	h.m.handle(timerFired{key: timerKeyFairRetry(cw.id, cw.retryGen)}, h.now)
+	cAtt := h.take().one(t, scripts.FairAcquire)
+	h.reply(cAtt, scripts.Reply{}, errConn)
+	h.take()
+	if !h.lock("L").backingOff {
+		t.Fatalf("setup: the lock does not back off")
+	}
+
+	try := h.tryFair("L", 1)
+	tc := h.take().one(t, scripts.FairAcquire)
+	if tc.args[6] != "1" {
+		t.Fatalf("setup: try %v does not claim", tc.args)
+	}
+	// Redis: another process's release grants a (cid:1 = 1, leash:grant:<a>
+	// published); T claims cid:1.
+	h.reply(tc, replyNil, nil)
+	mustGranted(t, "try", try)
+	if s := h.take(); len(s.calls(scripts.FairAcquire)) != 0 {
+		t.Fatalf("setup: a re-entered at once (%v); this test needs it held off by the back-off", s)
+	}
+	rel, u := h.unlockCall(t, "L", 1, scripts.FairRelease)
+	h.reply(rel, replyInt(1), nil) // released: pass_on grants c (now the head)
+	mustGranted(t, "unlock", u)
+	h.take()
+	h.now = h.now.Add(time.Second)
+	h.fire(timerKeyRetry(h.lock("L")))
+	var rejoin scriptCall
+	for _, call := range h.take().calls(scripts.FairAcquire) {
+		if call.waiter == a.id {
+			rejoin = call
+		}
+	}
+	if rejoin.waiter == 0 {
+		t.Fatalf("setup: a does not join again after the back-off")
+	}
+	h.reply(rejoin, replyPTTL(30*time.Second), nil) // queued behind c's hold
+	// c, woken since its failed attempt, claims the grant T's release made to it.
+	for _, call := range h.take().calls(scripts.FairAcquire) {
+		if call.waiter == c.id {
+			h.reply(call, replyNil, nil)
+		}
+	}
+	mustGranted(t, "c", c.future)
+	h.take()
+	h.fairGrantNotice("L", 1, granted) // a's first registration's, consumed by T long ago
+	h.take()
+	if err, ok := peek(a.future); ok && err == nil {
+		if h.hold("L", 3) != nil {
+			t.Fatalf("a and c both hold: a was granted by the stale message of the grant T claimed")
+		}
+		t.Fatalf("a granted by the stale message of the grant T claimed; Redis has no cid:1")
+	}
+}
+
+func timerKeyFairRetry(id, gen uint64) timer.Key {
+	return timer.Key{Kind: kindFairRetry, ID: id, Gen: gen}
+}
+
+func timerKeyRetry(l *lockState) timer.Key {
+	return timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen}
 }

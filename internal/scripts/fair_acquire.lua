@@ -10,7 +10,7 @@
 -- ARGV[5]  "1": a single try that never queues; "0": queue when the lock is taken;
 --          "2": queue, and never take (a lock found free is left to the head
 --          that a release wakes, or to the caller's next attempt)
--- ARGV[6]  optional: "<lease ms>:<waiter id>" registers the owner, once queued, for
+-- ARGV[6]  optional: "<lease ms>:<grant name>" (see fair_lib.lua) registers the owner, once queued, for
 --          a direct grant; absent or "" does not
 -- ARGV[7]  optional: "1" when the caller knows of no hold of the owner, so a hold
 --          found in the hash is a direct grant it has not heard of yet: it is

@@ -3,10 +3,12 @@
 -- the server (Redis scripts cannot call each other).
 --
 -- Direct grants: a leash waiter registers itself in the grants hash
--- (leash_lock_grants:{name}, field = owner, value = "<lease ms>:<waiter id>") when it
--- queues. When such a waiter heads the queue at a release, the release gives it the
--- lock in the same call and publishes "leash:grant:<waiter id>" on its channel, so
--- the waiter needs no call of its own. A head that did not register (a Redisson
+-- (leash_lock_grants:{name}, field = owner, value = "<lease ms>:<grant name>") when
+-- it queues; the grant name is "<waiter id>.<registration number>" (or, from older
+-- clients, "<waiter id>"). When such a waiter heads the queue at a release, the
+-- release gives it the lock in the same call and publishes "leash:grant:<grant
+-- name>" on its channel, so the waiter needs no call of its own; the number lets
+-- the waiter tell a grant made to its latest registration from an earlier one's. A head that did not register (a Redisson
 -- client) is woken with the unlock message instead, exactly as Redisson does, and
 -- takes the lock itself.
 
@@ -54,7 +56,7 @@ local function pass_on(head, lock, queue, timeout, grants, prefix, now, wait, ms
     local reg = redis.call('hget', grants, head)
     local lease, id
     if reg then
-        lease, id = string.match(reg, '^(%d+):(%d+)$')
+        lease, id = string.match(reg, '^(%d+):(%d+%.?%d*)$')
     end
     if lease == nil then
         redis.call('publish', prefix .. ':' .. head, msg)
