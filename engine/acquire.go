@@ -320,6 +320,9 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 
 func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 	l := w.lock
+	if l.fair != nil && !isRedisError(err) {
+		m.fairGrantsInDoubt(l, w.owner, w)
+	}
 	if isRedisError(err) || w.oneShot || w.expired || w.cancelErr != nil || m.closing {
 		// A Redis error reply (wrong type, script error, no auth) will not go away by
 		// retrying; a waiter out of time or cancelled gets its answer now. Its

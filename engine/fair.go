@@ -152,6 +152,7 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 		// Each registration is numbered ("<waiter id>.<n>"), and a grant's message
 		// names the registration it was made to: see fairGranted.
 		w.regs++
+		w.claimOnly = false // a grant to an earlier registration is this call's to take
 		register = millis(lease) + ":" + grantName(w)
 	}
 	m.run(scriptCall{
@@ -435,11 +436,13 @@ func (m *machine) fairGranted(l *lockState, owner uint64, name string, now time.
 		return // an earlier registration's: see above
 	}
 	m.stats.Notices++
-	if w.attempting || m.ownerBusy(holdKey{l.id, owner}) || now.Sub(w.queuedAt) > m.leaseOf(w.lease)/3 {
+	if w.attempting || w.claimOnly || m.ownerBusy(holdKey{l.id, owner}) || now.Sub(w.queuedAt) > m.leaseOf(w.lease)/3 {
 		// An attempt in flight (even the one that queued w, whose reply may come
 		// after this message) is followed by another, which claims the grant. So
 		// is another call of the owner's (a single try of the same handle, which
 		// may claim the grant itself: see fairAttempt); w's attempt waits for it.
+		// A grant another call of the owner's may have touched (claimOnly) is
+		// claimed too, which also sets its expiry to w's lease.
 		w.wake = true
 		m.fairAdvance(l, now)
 		return
@@ -453,6 +456,22 @@ func (m *machine) fairGranted(l *lockState, owner uint64, name string, now time.
 	}
 	m.advance(l, now)
 	m.maybeForget(l)
+}
+
+// fairGrantsInDoubt: an acquire of owner's on l (failed's) failed with a transport
+// error, so it may have run, and found a direct grant made to another waiter of
+// the owner's that the engine has not heard of: claimed it, or re-entered it,
+// and set its expiry to failed's lease, which may be shorter than the waiter's.
+// The grant's message, if it comes, then must not grant the waiter as it stands
+// (dated by the waiter's lease, no call): each of the owner's queued waiters
+// claims its grant with a call instead, which re-applies its own lease, until its
+// next registration (fairAttempt).
+func (m *machine) fairGrantsInDoubt(l *lockState, owner uint64, failed *waiter) {
+	for w := l.queue.head; w != nil; w = w.next {
+		if w != failed && w.owner == owner && w.enqueued {
+			w.claimOnly = true
+		}
+	}
 }
 
 // fairWakeFirst wakes the first local waiter in the Redis queue: after a

@@ -296,3 +296,46 @@ func timerKeyFairRetry(id, gen uint64) timer.Key {
 func timerKeyRetry(l *lockState) timer.Key {
 	return timer.Key{Kind: kindRetry, ID: l.id, Gen: l.retryGen}
 }
+
+// Owner 1's queued waiter a (the watchdog's 30 s lease) is registered for a direct
+// grant; the same handle's single try T, with a 1 s lease, claims a's grant on
+// Redis, setting its expiry to T's 1 s, and T's reply is lost. a's grant message,
+// coming after that, must not grant a as it stands (dated by a's 30 s lease: the
+// engine would renew at 10 s while Redis frees the lock about 1 s after T ran): a
+// claims the grant with a call instead, which re-applies a's lease.
+func TestMachineFairGrantAfterLostTryIsClaimed(t *testing.T) {
+	h := newMH(t, func(c *config) { c.fairWait = 5 * time.Minute })
+	a := h.acquireFair("L", 1)
+	join := h.take().one(t, scripts.FairAcquire)
+	granted := registeredName(join)
+	h.reply(join, replyPTTL(30*time.Second), nil)
+	h.take()
+	h.nextID++
+	f := futures.New[error]()
+	h.m.handle(acquireMsg{id: h.nextID, lock: "L", owner: 1, fair: true, lease: time.Second,
+		ctx: context.Background(), future: f}, h.now)
+	tc := h.take().one(t, scripts.FairAcquire)
+	if tc.args[0] != "1000" {
+		t.Fatalf("setup: the try's lease argument is %q, want 1000", tc.args[0])
+	}
+	// Redis: the release grants a; T claims cid:1 and sets its expiry to 1 s. The
+	// reply is lost.
+	h.now = h.now.Add(5 * time.Millisecond)
+	h.reply(tc, scripts.Reply{}, errConn)
+	h.take()
+	h.fairGrantNotice("L", 1, granted)
+	if err, ok := peek(a.future); ok {
+		t.Fatalf("a answered %v by the grant's message with no call; its grant may carry the try's 1 s lease", err)
+	}
+	claim := h.take().one(t, scripts.FairAcquire)
+	if claim.waiter != a.id || claim.args[6] != "1" || claim.args[0] != "30000" {
+		t.Fatalf("after the message: call %+v; want a's claim (ARGV[7] \"1\") with its own 30 s lease", claim.args)
+	}
+	sent := h.now
+	h.reply(claim, replyNil, nil) // claimed: cid:1's expiry is a's lease from now on
+	h.take()
+	mustGranted(t, "a", a.future)
+	if hd := h.hold("L", 1); hd == nil || hd.count != 1 || hd.expiresAt.After(sent.Add(30*time.Second)) {
+		t.Fatalf("a's hold %+v; want count 1, expiring by the claim's send time + 30 s", hd)
+	}
+}

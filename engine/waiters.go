@@ -55,6 +55,7 @@ type waiter struct {
 	queuedAt    time.Time // send time of its last attempt that found it queued
 	joinPending bool      // its next attempt is a join counted in lockState.joining
 	wake        bool      // its turn may have come: retry when nothing else is in flight
+	claimOnly   bool      // a grant message for it is claimed with a call, not taken (see fairGrantsInDoubt)
 	regs        uint32    // direct-grant registrations sent; the last one's number is current (see fairGranted)
 	retryGen    uint64    // generation of its retry timer; 0 = none armed
 }
