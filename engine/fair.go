@@ -215,7 +215,8 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 	}
 	w := l.queue.head
 	for ; w != nil && w.enqueued; w = w.next {
-		if !l.handingOff && l.attempting == nil && w.wake && !w.attempting && !m.ownerBusy(holdKey{l.id, w.owner}) {
+		if !l.handingOff && l.attempting == nil && w.wake && !w.attempting && !m.ownerBusy(holdKey{l.id, w.owner}) &&
+			l.leaving[w.owner] == 0 { // as a join waits for its owner's leave (below); onLeaveDone advances
 			l.attempting = w
 			w.wake = false
 			m.markBusy(holdKey{l.id, w.owner})
@@ -315,10 +316,13 @@ func (m *machine) fairRequeue(w *waiter) {
 	l.queue.insertAfter(last, w)
 }
 
-// ownerQueued reports whether a local waiter of owner is in l's Redis queue.
+// ownerQueued reports whether a local waiter of owner is in l's Redis queue. It
+// looks at the whole local queue: the waiters in the Redis queue are not always
+// its first ones (a waiter whose entry another call of its handle took stays
+// where it stood, out of the Redis queue: see ownerEntryTaken).
 func (m *machine) ownerQueued(l *lockState, owner uint64) bool {
-	for w := l.queue.head; w != nil && w.enqueued; w = w.next {
-		if w.owner == owner {
+	for w := l.queue.head; w != nil; w = w.next {
+		if w.enqueued && w.owner == owner {
 			return true
 		}
 	}

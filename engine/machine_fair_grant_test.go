@@ -339,3 +339,67 @@ func TestMachineFairGrantAfterLostTryIsClaimed(t *testing.T) {
 		t.Fatalf("a's hold %+v; want count 1, expiring by the claim's send time + 30 s", hd)
 	}
 }
+
+// Owner 1's TryLock T1 fails in transit while owner 1's waiter a is in the Redis
+// queue but not among the first local waiters: z (owner 9), ahead of it, was
+// taken out of the Redis queue when its handle's TryLock claimed z's grant (and
+// gave it back, its context having ended). T1 may have run and taken the lock
+// (owner 1 headed the Redis queue): that field is a's to claim, so T1's
+// clean-up must not delete it. It did once, when ownerQueued looked only at the
+// first local waiters: the clean-up (an owner-guarded release of cid:1) went out,
+// a's retry re-entered cid:1 (its claim flag was "0" with the owner leaving), and
+// the release then deleted it: the engine held for owner 1 while Redis had no key.
+func TestMachineFairLostTryLeavesFieldToQueuedWaiterBehindUnqueuedHead(t *testing.T) {
+	h := newMH(t, func(c *config) { c.fairWait = 5 * time.Minute })
+	z := h.acquireFair("L", 9)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+	h.take()
+	a := h.acquireFair("L", 1)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+	h.take()
+
+	t9ID, t9F, cancel9, ctx9 := h.tryFairCtx("L", 9)
+	t9 := h.take().one(t, scripts.FairAcquire)
+	cancel9()
+	h.m.handle(cancelMsg{id: t9ID, err: ctx9.Err()}, h.now)
+	h.reply(t9, replyNil, nil) // claimed z's grant; its caller has gone
+	if err, ok := peek(t9F); !ok || err == nil {
+		t.Fatalf("setup: T9 answered %v, %v; want its context's error", err, ok)
+	}
+	gb9 := h.take().one(t, scripts.LockReleaseOwner) // T9's grant goes back
+	if zw := h.m.waiters[z.id]; zw == nil || zw.enqueued || h.lock("L").queue.head != zw {
+		t.Fatalf("setup: z is not the local head out of the Redis queue")
+	}
+
+	t1 := h.tryFair("L", 1)
+	t1c := h.take().one(t, scripts.FairAcquire)
+	h.reply(t1c, scripts.Reply{}, errConn) // it ran: took the free lock (owner 1 heads the Redis queue)
+	mustGet(t, "T1", t1)
+	if s := h.take(); len(s.calls(scripts.LockReleaseOwner)) != 0 || len(s.calls(scripts.FairLeave)) != 0 {
+		t.Fatalf("T1's clean-up went out (%v) although owner 1's waiter a is in the Redis queue", s)
+	}
+	// The wake-up for a (the Redis head after T9's give-back), then z joins again.
+	h.m.handle(unlockNotice{channel: channelName("L") + ":" + testClientID + ":1", payload: unlockMessage}, h.now)
+	h.take()
+	h.reply(gb9, replyInt(1), nil)
+	zj := h.take().one(t, scripts.FairAcquire)
+	if zj.waiter != z.id {
+		t.Fatalf("setup: %+v; want z's join", zj)
+	}
+	h.reply(zj, replyPTTL(30*time.Second), nil)
+	var ar scriptCall
+	for _, c := range h.take().calls(scripts.FairAcquire) {
+		if c.waiter == a.id {
+			ar = c
+		}
+	}
+	if ar.waiter == 0 || ar.args[6] != "1" {
+		t.Fatalf("a's retry %+v; want one that claims (ARGV[7] \"1\") cid:1, which T1 took", ar.args)
+	}
+	h.reply(ar, replyNil, nil) // claimed: cid:1 = 1
+	h.take()
+	mustGranted(t, "a", a.future)
+	if hd := h.hold("L", 1); hd == nil || hd.count != 1 {
+		t.Fatalf("owner 1's hold %+v; want count 1, as Redis counts", hd)
+	}
+}
