@@ -302,6 +302,9 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 		if registered {
 			w.registered = true // the script may have run: a leave then removes it
 		}
+		if h := m.holds[holdKey{l.id, w.owner}]; h != nil && !isRedisError(d.err) {
+			m.reentryMayHaveRun(h, w.lease, d.sentAt, now)
+		}
 		m.attemptFailed(w, d.err, now)
 	case l.fair != nil:
 		m.fairRefused(w, time.Duration(d.reply.Int)*time.Millisecond, d.sentAt, now)
@@ -505,6 +508,26 @@ func (m *machine) undoAmbiguous(w *waiter) {
 			field = w.sentField // a re-entry's: its hold's field, maybe a direct grant's
 		}
 		m.abandon(l, w.owner, field, 0)
+	}
+}
+
+// reentryMayHaveRun: an acquire of h's owner, with lease (0: the watchdog), failed
+// in transit while h held, so it may have run as a re-entry, which set the lock's
+// expiry to that lease from when it ran (no earlier than sentAt). When that is
+// sooner than h's expiry (a TryLock with a short lease on a handle that holds
+// under the watchdog, say), the hold may run out then: its expiry is brought
+// forward (Lost closes before then, unless a renewal comes first), and a watchdog
+// hold is renewed at once, which re-applies the watchdog's lease. A hold with an
+// explicit lease is not renewed: it is told it is lost early rather than late.
+func (m *machine) reentryMayHaveRun(h *hold, lease time.Duration, sentAt, now time.Time) {
+	at := sentAt.Add(m.leaseOf(lease))
+	if !at.Before(h.expiresAt) {
+		return
+	}
+	h.expiresAt = at
+	m.armExpiry(h, now)
+	if h.lease == 0 && !h.renewing && !h.provisional {
+		m.renew([]*hold{h})
 	}
 }
 

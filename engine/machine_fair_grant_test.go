@@ -403,3 +403,51 @@ func TestMachineFairLostTryLeavesFieldToQueuedWaiterBehindUnqueuedHead(t *testin
 		t.Fatalf("owner 1's hold %+v; want count 1, as Redis counts", hd)
 	}
 }
+
+// Owner 1 holds under the watchdog (30 s); a TryLock of the same handle with a 1 s
+// lease re-enters, and its reply is lost. If it ran, Redis expires the lock 1 s
+// after it ran, while the engine expected 30 s (its next renewal at 10 s): another
+// process could take the lock while Lock's caller still believes it holds. The
+// hold's expiry is brought forward to what the try may have set, and a renewal goes
+// at once, which restores the watchdog's lease. Both lock kinds.
+func TestMachineLostShortReentryRenewsTheHold(t *testing.T) {
+	for _, fair := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Mutex", true: "fair"}[fair], func(t *testing.T) {
+			h := newMH(t, func(c *config) { c.fairWait = 5 * time.Minute })
+			script := scripts.LockAcquire
+			if fair {
+				script = scripts.FairAcquire
+				a := h.acquireFair("L", 1)
+				h.reply(h.take().one(t, script), replyNil, nil)
+				h.take()
+				mustGranted(t, "a", a.future)
+			} else {
+				h.grantFresh("L", 1, 0)
+			}
+			h.now = h.now.Add(time.Second)
+			h.nextID++
+			f := futures.New[error]()
+			h.m.handle(acquireMsg{id: h.nextID, lock: "L", owner: 1, fair: fair, lease: time.Second,
+				ctx: context.Background(), future: f}, h.now)
+			tc := h.take().one(t, script)
+			if tc.args[0] != "1000" {
+				t.Fatalf("setup: the re-entry's lease argument is %q, want 1000", tc.args[0])
+			}
+			sent := h.now
+			h.now = h.now.Add(5 * time.Millisecond)
+			h.replyAt(tc, sent, scripts.Reply{}, errConn)
+			renew := h.take().one(t, scripts.LockRenew)
+			hd := h.hold("L", 1)
+			if hd == nil || hd.expiresAt.After(sent.Add(time.Second)) {
+				t.Fatalf("owner 1's hold %+v: the engine expects it past +1 s, when Redis may expire it", hd)
+			}
+			renewSent := h.now
+			h.now = h.now.Add(time.Millisecond)
+			h.replyAt(renew, renewSent, scripts.Reply{Ints: []int64{1}}, nil)
+			h.take()
+			if want := renewSent.Add(30 * time.Second); !hd.expiresAt.Equal(want) {
+				t.Fatalf("after the renewal the hold expires at +%v, want +30s from the renewal", hd.expiresAt.Sub(renewSent))
+			}
+		})
+	}
+}
