@@ -498,7 +498,7 @@ func (m *machine) undoAmbiguous(w *waiter) {
 		// finish sends the leave, which also gives back a hold the attempt may
 		// have taken (its claim flag is "1": this client holds nothing).
 		w.enqueued = true
-	case l.fair != nil && m.ownerQueued(l, w.owner):
+	case l.fair != nil && m.ownerEnqueued(l, w.owner):
 		// The owner's field may be a direct grant to its queued waiter: leave it.
 		// A count the single try may have added goes at that hold's last Unlock
 		// (see dropSurplus).
@@ -516,19 +516,40 @@ func (m *machine) undoAmbiguous(w *waiter) {
 // expiry to that lease from when it ran (no earlier than sentAt). When that is
 // sooner than h's expiry (a TryLock with a short lease on a handle that holds
 // under the watchdog, say), the hold may run out then: its expiry is brought
-// forward (Lost closes before then, unless a renewal comes first), and a watchdog
-// hold is renewed at once, which re-applies the watchdog's lease. A hold with an
+// forward, with the margin of the shorter lease, so Lost closes before then
+// unless a renewal comes first. The hold's lease is in doubt (leaseDoubts) until
+// a renewal sent after now confirms it: a watchdog hold is renewed once its
+// owner is idle (markIdle, which follows this reply; see renewDoubted), and a
+// renewal already in flight is not trusted (onRenewDone). A hold with an
 // explicit lease is not renewed: it is told it is lost early rather than late.
 func (m *machine) reentryMayHaveRun(h *hold, lease time.Duration, sentAt, now time.Time) {
-	at := sentAt.Add(m.leaseOf(lease))
+	lease = m.leaseOf(lease)
+	at := sentAt.Add(lease)
 	if !at.Before(h.expiresAt) {
 		return
 	}
 	h.expiresAt = at
-	m.armExpiry(h, now)
-	if h.lease == 0 && !h.renewing && !h.provisional {
-		m.renew([]*hold{h})
+	if d, ok := m.leaseDoubts[h.id]; ok {
+		lease = min(lease, d.lease)
 	}
+	m.leaseDoubts[h.id] = leaseDoubt{since: now, lease: lease}
+	m.armExpiry(h, now)
+}
+
+// leaseDoubt is a hold's entry in machine.leaseDoubts.
+type leaseDoubt struct {
+	since time.Time     // when the failed call was heard of: renewals sent before are not trusted
+	lease time.Duration // the shortest lease such a call carried: its margin is the hold's
+}
+
+// renewDoubted renews h's hold now if its lease is in doubt and nothing stands in
+// the way: it is a watchdog hold with no renewal in flight, and its owner is idle.
+func (m *machine) renewDoubted(h *hold) {
+	if _, ok := m.leaseDoubts[h.id]; !ok || h.lease != 0 || h.renewing || h.provisional ||
+		m.ownerBusy(holdKey{h.lock.id, h.owner}) {
+		return
+	}
+	m.renew([]*hold{h})
 }
 
 // loseStaleHold ends the owner's local hold after Redis showed it is gone.

@@ -316,11 +316,26 @@ func (m *machine) fairRequeue(w *waiter) {
 	l.queue.insertAfter(last, w)
 }
 
-// ownerQueued reports whether a local waiter of owner is in l's Redis queue. It
-// looks at the whole local queue: the waiters in the Redis queue are not always
-// its first ones (a waiter whose entry another call of its handle took stays
-// where it stood, out of the Redis queue: see ownerEntryTaken).
+// ownerQueued reports whether a local waiter of owner stands in the leading run
+// of l's local queue that is in the Redis queue: the waiters fairAdvance retries.
+// A waiter behind that run does not join while one of its owner's does (the
+// owner has one entry). A waiter of the owner's further back, behind a waiter
+// out of the Redis queue, does not count: the waiter in front of it joins (its
+// join finds the owner's entry), so the run, and the retries, reach past it.
 func (m *machine) ownerQueued(l *lockState, owner uint64) bool {
+	for w := l.queue.head; w != nil && w.enqueued; w = w.next {
+		if w.owner == owner {
+			return true
+		}
+	}
+	return false
+}
+
+// ownerEnqueued reports whether any local waiter of owner is in l's Redis queue,
+// wherever it stands in the local queue: a waiter whose entry another call of its
+// handle took stays where it stood, out of the Redis queue (ownerEntryTaken), and
+// the waiters behind it may still be in it.
+func (m *machine) ownerEnqueued(l *lockState, owner uint64) bool {
 	for w := l.queue.head; w != nil; w = w.next {
 		if w.enqueued && w.owner == owner {
 			return true

@@ -88,6 +88,7 @@ func (m *machine) addHold(l *lockState, owner uint64, field string, lease time.D
 	}
 	h.lease = lease
 	h.expiresAt = sentAt.Add(m.leaseOf(lease))
+	delete(m.leaseDoubts, h.id) // this call, sent after any failed one of the owner's, set the expiry
 	if lease == 0 {
 		h.nextRenew = sentAt.Add(m.cfg.watchdog / 3)
 		m.armSweep()
@@ -194,6 +195,7 @@ func (m *machine) dropHold(h *hold) {
 	l := h.lock
 	delete(m.holds, holdKey{l.id, h.owner})
 	delete(m.holdByID, h.id)
+	delete(m.leaseDoubts, h.id)
 	for i, x := range l.holders {
 		if x == h {
 			l.holders = slices.Delete(l.holders, i, i+1) // zeroes the freed slot

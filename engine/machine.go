@@ -64,8 +64,11 @@ type machine struct {
 	boundedGiveBacks map[holdKey][]scriptCall
 	parkedAcquires   map[uint64]holdKey // direct acquires parked in either place, by waiter id (see parkAcquire)
 	holdByID         map[uint64]*hold
-	leaveRetries     map[uint64]scriptCall // leaves waiting to be sent again, by timer id (see retryLeaveLater)
-	leaveRetrySeq    uint64
+	// leaseDoubts: holds whose lock's expiry a failed call of the owner's may have
+	// shortened (see reentryMayHaveRun), by hold id.
+	leaseDoubts   map[uint64]leaseDoubt
+	leaveRetries  map[uint64]scriptCall // leaves waiting to be sent again, by timer id (see retryLeaveLater)
+	leaveRetrySeq uint64
 
 	nextID        uint64 // ids of locks and holds
 	watchdogHolds int    // holds renewed by the watchdog
@@ -133,6 +136,7 @@ func newMachine(cfg config) *machine {
 		boundedGiveBacks: make(map[holdKey][]scriptCall),
 		parkedAcquires:   make(map[uint64]holdKey),
 		holdByID:         make(map[uint64]*hold),
+		leaseDoubts:      make(map[uint64]leaseDoubt),
 		leaveRetries:     make(map[uint64]scriptCall),
 		watchdogText:     millis(cfg.watchdog),
 		grantChannel:     "leash_lock_grant:" + cfg.clientID,

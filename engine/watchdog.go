@@ -86,10 +86,19 @@ func (m *machine) onRenewDone(d scriptDone, now time.Time) {
 		if d.err != nil || h.lease != 0 {
 			continue // the next sweep retries; the expiry entry guards the deadline
 		}
+		if doubt, ok := m.leaseDoubts[id]; ok && d.sentAt.Before(doubt.since) {
+			// Sent before a call that may have shortened the lock's expiry was heard
+			// to fail: it may have run before that call. Another goes.
+			m.renewDoubted(h)
+			continue
+		}
 		if m.ownerBusy(holdKey{h.lock.id, h.owner}) {
-			continue // an Unlock or re-entry in flight decides; the next sweep renews
+			// An Unlock or re-entry in flight decides; the next sweep renews (a hold
+			// whose lease is in doubt, as soon as the owner is idle: markIdle).
+			continue
 		}
 		if i < len(d.reply.Ints) && d.reply.Ints[i] == 1 {
+			delete(m.leaseDoubts, id)
 			h.expiresAt = d.sentAt.Add(m.cfg.watchdog)
 			h.nextRenew = d.sentAt.Add(m.cfg.watchdog / 3)
 			m.armExpiry(h, now)
@@ -102,9 +111,21 @@ func (m *machine) onRenewDone(d scriptDone, now time.Time) {
 	}
 }
 
+// marginOf is h's expiry margin: its lease's, or, while its lease is in doubt
+// (leaseDoubts), the shorter lease's that may have set its expiry.
+func (m *machine) marginOf(h *hold) time.Duration {
+	lease := m.leaseOf(h.lease)
+	if len(m.leaseDoubts) > 0 {
+		if d, ok := m.leaseDoubts[h.id]; ok {
+			lease = min(lease, d.lease)
+		}
+	}
+	return expiryMargin(lease)
+}
+
 func (m *machine) armExpiry(h *hold, now time.Time) {
 	h.expiryArmed = true
-	d := h.expiresAt.Add(-expiryMargin(m.leaseOf(h.lease))).Sub(now)
+	d := h.expiresAt.Add(-m.marginOf(h)).Sub(now)
 	m.schedule(timer.Key{Kind: kindExpiry, ID: h.id}, d)
 }
 
@@ -113,7 +134,7 @@ func (m *machine) onExpiry(id uint64, now time.Time) {
 	if h == nil {
 		return
 	}
-	deadline := h.expiresAt.Add(-expiryMargin(m.leaseOf(h.lease)))
+	deadline := h.expiresAt.Add(-m.marginOf(h))
 	if left := deadline.Sub(now); left > timer.Tick {
 		m.schedule(timer.Key{Kind: kindExpiry, ID: id}, left) // early, or renewed since
 		return
