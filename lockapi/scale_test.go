@@ -270,6 +270,15 @@ func TestParkedWaiterDoesNotPoll(t *testing.T) {
 	eventually(t, 5*time.Second, "the waiter to subscribe", func() bool {
 		return numSub(t, srv, engine.ChannelName(name)) == "1"
 	})
+	// The waiter settles: its subscriptions' confirmations each bring an attempt,
+	// the last of which registers it for direct grants. Under load those can come
+	// well after the subscription shows (a loaded run once counted one in the
+	// quiet second below), so the quiet second starts once it has registered and
+	// has no call in flight.
+	registered(t, srv, waiter, name)
+	eventually(t, 5*time.Second, "the waiter's engine to have no call in flight", func() bool {
+		return strings.Contains(lockapi.DescribeLock(waiter, name), "; inflight 0;")
+	})
 	before := stats(t, waiter)
 	if err := srv.ResetStats(); err != nil {
 		t.Fatal(err)
