@@ -517,19 +517,25 @@ func (m *machine) undoAmbiguous(w *waiter) {
 // sooner than h's expiry (a TryLock with a short lease on a handle that holds
 // under the watchdog, say), the hold may run out then: its expiry is brought
 // forward, with the margin of the shorter lease, so Lost closes before then
-// unless a renewal comes first. The hold's lease is in doubt (leaseDoubts) until
-// a renewal sent after now confirms it: a watchdog hold is renewed once its
-// owner is idle (markIdle, which follows this reply; see renewDoubted), and a
-// renewal already in flight is not trusted (onRenewDone). A hold with an
-// explicit lease is not renewed: it is told it is lost early rather than late.
+// unless a renewal comes first. The hold's lease is then in doubt (leaseDoubts)
+// until a renewal sent after now confirms it: a renewal sent earlier may have run
+// before this call, so its reply is not trusted (onRenewDone), and a watchdog
+// hold is renewed again once its owner is idle (markIdle, which follows this
+// reply; see renewDoubted). The same holds when the call's lease is not shorter
+// but a renewal is in flight or the lease already in doubt: its expiry is kept,
+// and the doubt starts again from now. A hold with an explicit lease is not
+// renewed: it is told it is lost early rather than late.
 func (m *machine) reentryMayHaveRun(h *hold, lease time.Duration, sentAt, now time.Time) {
 	lease = m.leaseOf(lease)
 	at := sentAt.Add(lease)
-	if !at.Before(h.expiresAt) {
-		return
+	d, doubted := m.leaseDoubts[h.id]
+	if !at.Before(h.expiresAt) && !doubted && !h.renewing {
+		return // the expiry it could set is no sooner, and nothing in flight can hide it
 	}
-	h.expiresAt = at
-	if d, ok := m.leaseDoubts[h.id]; ok {
+	if at.Before(h.expiresAt) {
+		h.expiresAt = at
+	}
+	if doubted {
 		lease = min(lease, d.lease)
 	}
 	m.leaseDoubts[h.id] = leaseDoubt{since: now, lease: lease}

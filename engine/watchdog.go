@@ -83,8 +83,23 @@ func (m *machine) onRenewDone(d scriptDone, now time.Time) {
 			continue
 		}
 		h.renewing = false
-		if d.err != nil || h.lease != 0 {
-			continue // the next sweep retries; the expiry entry guards the deadline
+		if h.lease != 0 {
+			continue
+		}
+		if d.err != nil {
+			// The next sweep retries; the expiry entry guards the deadline. A hold
+			// whose lease is in doubt cannot wait for its renewal time: one sent
+			// before the doubt began is replaced at once, and after a failed one
+			// sent since, the next sweep renews it (not at once: with the server
+			// down, that would go round as fast as calls fail).
+			if doubt, ok := m.leaseDoubts[id]; ok {
+				if d.sentAt.Before(doubt.since) {
+					m.renewDoubted(h)
+				} else if h.nextRenew.After(now) {
+					h.nextRenew = now
+				}
+			}
+			continue
 		}
 		if doubt, ok := m.leaseDoubts[id]; ok && d.sentAt.Before(doubt.since) {
 			// Sent before a call that may have shortened the lock's expiry was heard
@@ -92,9 +107,13 @@ func (m *machine) onRenewDone(d scriptDone, now time.Time) {
 			m.renewDoubted(h)
 			continue
 		}
-		if m.ownerBusy(holdKey{h.lock.id, h.owner}) {
-			// An Unlock or re-entry in flight decides; the next sweep renews (a hold
-			// whose lease is in doubt, as soon as the owner is idle: markIdle).
+		_, doubted := m.leaseDoubts[id]
+		if m.ownerBusy(holdKey{h.lock.id, h.owner}) && !(doubted && i < len(d.reply.Ints) && d.reply.Ints[i] == 1) {
+			// An Unlock or re-entry in flight decides; the next sweep renews. A
+			// hold whose lease is in doubt takes a "held": the server then has the
+			// field with the watchdog's lease from the renewal on, or has deleted it
+			// since, and only the call in flight can change that, which its own
+			// reply handles; it could not wait for the next sweep.
 			continue
 		}
 		if i < len(d.reply.Ints) && d.reply.Ints[i] == 1 {
