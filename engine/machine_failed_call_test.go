@@ -112,6 +112,43 @@ func (h *mh) tryLease(lock string, owner uint64, lease time.Duration) *futures.F
 	return f
 }
 
+// heldUnderWatchdog returns a machine on which owner 1 holds plain lock "L" under
+// the watchdog, count times (re-entered), that hold, and its Lost signal.
+func heldUnderWatchdog(t *testing.T, count int) (*mh, *hold, <-chan struct{}) {
+	t.Helper()
+	h := newMH(t)
+	h.grantFresh("L", 1, 0)
+	for range count - 1 {
+		h.acquire("L", 1, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		h.take()
+	}
+	hd := h.hold("L", 1)
+	return h, hd, hd.lostSignal().C()
+}
+
+// sweepRenewal moves the clock to at, fires the watchdog's sweep, and returns the
+// one renewal it sends and its send time.
+func (h *mh) sweepRenewal(t *testing.T, at time.Time) (scriptCall, time.Time) {
+	t.Helper()
+	h.now = at
+	h.fire(sweepKey)
+	return h.take().one(t, scripts.LockRenew), h.now
+}
+
+// lostTry sends owner 1's single try on plain lock "L" with lease, a re-entry of
+// its hold, and answers it 5 ms later with a transport error (it may have run);
+// it returns the try's send time.
+func (h *mh) lostTry(t *testing.T, lease time.Duration) time.Time {
+	t.Helper()
+	h.tryLease("L", 1, lease)
+	call := h.take().one(t, scripts.LockAcquire)
+	sent := h.now
+	h.now = h.now.Add(5 * time.Millisecond)
+	h.replyAt(call, sent, scripts.Reply{}, errConn)
+	return sent
+}
+
 // A renewal already in flight when the short re-entry's reply is lost may have run
 // before the re-entry on Redis. Its reply then says nothing about the expiry the
 // re-entry set: it must not date the hold from the renewal's send time + 30 s
@@ -126,15 +163,9 @@ func (h *mh) tryLease(lock string, owner uint64, lease time.Duration) *futures.F
 //     +19 s. Redis frees the lock at about +10 s: another process takes it while
 //     the engine says owner 1 holds (Lost open) until +38.5 s.
 func TestMachineLostShortReentryNotUndoneByRenewalSentBeforeIt(t *testing.T) {
-	h := newMH(t)
+	h, hd, lost := heldUnderWatchdog(t, 1)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	hd := h.hold("L", 1)
-	lost := hd.lostSignal().C()
-	h.now = start.Add(9 * time.Second)
-	h.fire(sweepKey)
-	r0 := h.take().one(t, scripts.LockRenew)
-	r0Sent := h.now
+	r0, r0Sent := h.sweepRenewal(t, start.Add(9*time.Second))
 
 	h.now = h.now.Add(time.Millisecond)
 	h.tryLease("L", 1, time.Second)
@@ -180,24 +211,15 @@ func timerKeyExpiry(id uint64) timer.Key { return timer.Key{Kind: kindExpiry, ID
 //  5. U's reply: 0, still held (lock_release re-applied the 30 s lease).
 //  6. At T's send + 600 ms the expiry fires: Lost closes and cid:1 is deleted.
 func TestMachineLostShortReentryRenewalSkippedWhileUnlockInFlight(t *testing.T) {
-	h := newMH(t)
+	h, hd, _ := heldUnderWatchdog(t, 2)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	h.acquire("L", 1, 0, -1) // re-entry: count 2
-	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
-	h.take()
-	hd := h.hold("L", 1)
 	if hd.count != 2 {
 		t.Fatalf("setup: count %d", hd.count)
 	}
 	lost := hd.lostSignal().C()
 
 	h.now = start.Add(time.Second)
-	h.tryLease("L", 1, time.Second)
-	tc := h.take().one(t, scripts.LockAcquire)
-	tSent := h.now
-	h.now = h.now.Add(5 * time.Millisecond)
-	h.replyAt(tc, tSent, scripts.Reply{}, errConn)
+	tSent := h.lostTry(t, time.Second)
 	r := h.take().one(t, scripts.LockRenew)
 	rSent := h.now
 
@@ -227,16 +249,9 @@ func TestMachineLostShortReentryRenewalSkippedWhileUnlockInFlight(t *testing.T) 
 // answer, although Redis holds the lock for up to the try's lease and the
 // renewal extends it to 30 s. The renewal is then wasted.
 func TestMachineLostSubsecondReentryLosesHoldBeforeItsRenewal(t *testing.T) {
-	h := newMH(t)
-	h.grantFresh("L", 1, 0)
-	hd := h.hold("L", 1)
-	lost := hd.lostSignal().C()
+	h, hd, lost := heldUnderWatchdog(t, 1)
 	h.now = h.now.Add(time.Second)
-	h.tryLease("L", 1, 400*time.Millisecond)
-	tc := h.take().one(t, scripts.LockAcquire)
-	tSent := h.now
-	h.now = h.now.Add(5 * time.Millisecond)
-	h.replyAt(tc, tSent, scripts.Reply{}, errConn)
+	h.lostTry(t, 400*time.Millisecond)
 	s := h.take()
 	r := s.one(t, scripts.LockRenew)
 	if ops := s.armed(kindExpiry); len(ops) == 1 && ops[0].d == 0 {

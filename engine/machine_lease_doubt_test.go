@@ -42,27 +42,16 @@ func renewalsIn(s step, id uint64) []scriptCall {
 //     doubt clears and the hold expires at +31.005 s; next renewal at +11 s.
 //     Another process takes L at +2.01 s while Lost stays open.
 func TestMachineSecondLostReentryNotUndoneByRenewalSentBetween(t *testing.T) {
-	h := newMH(t)
+	h, hd, lost := heldUnderWatchdog(t, 1)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	hd := h.hold("L", 1)
-	lost := hd.lostSignal().C()
 
 	h.now = start.Add(time.Second)
-	h.tryLease("L", 1, time.Second)
-	t1 := h.take().one(t, scripts.LockAcquire)
-	t1Sent := h.now
-	h.now = h.now.Add(5 * time.Millisecond)
-	h.replyAt(t1, t1Sent, scripts.Reply{}, errConn)
+	h.lostTry(t, time.Second)
 	r := h.take().one(t, scripts.LockRenew)
 	rSent := h.now
 
 	h.now = h.now.Add(time.Millisecond)
-	h.tryLease("L", 1, time.Second)
-	t2 := h.take().one(t, scripts.LockAcquire)
-	t2Sent := h.now
-	h.now = h.now.Add(5 * time.Millisecond)
-	h.replyAt(t2, t2Sent, scripts.Reply{}, errConn) // ran after R; its reply is lost
+	t2Sent := h.lostTry(t, time.Second) // ran after R; its reply is lost
 	renewedAfterT2 := len(renewalsIn(h.take(), hd.id)) > 0
 
 	h.now = h.now.Add(time.Millisecond)
@@ -102,23 +91,13 @@ func TestMachineSecondLostReentryNotUndoneByRenewalSentBetween(t *testing.T) {
 //  4. R's reply (1): the hold expires at +37.5 s. Every later renewal fails.
 //  5. At +30.501 s Redis frees the lock; Lost closes only at +37 s.
 func TestMachineLongLostReentryAfterRenewalSentBeforeItOverstatesExpiry(t *testing.T) {
-	h := newMH(t)
+	h, hd, lost := heldUnderWatchdog(t, 1)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	hd := h.hold("L", 1)
-	lost := hd.lostSignal().C()
 
-	h.now = start.Add(7500 * time.Millisecond)
-	h.fire(sweepKey)
-	r := h.take().one(t, scripts.LockRenew)
-	rSent := h.now
+	r, rSent := h.sweepRenewal(t, start.Add(7500*time.Millisecond))
 
 	h.now = h.now.Add(time.Millisecond)
-	h.tryLease("L", 1, 23*time.Second)
-	tc := h.take().one(t, scripts.LockAcquire)
-	tSent := h.now
-	h.now = h.now.Add(5 * time.Millisecond)
-	h.replyAt(tc, tSent, scripts.Reply{}, errConn)
+	tSent := h.lostTry(t, 23*time.Second)
 	pending := renewalsIn(h.take(), hd.id)
 	h.now = h.now.Add(time.Millisecond)
 	h.replyAt(r, rSent, replyInts(1), nil) // R ran before T
@@ -159,22 +138,12 @@ func TestMachineLongLostReentryAfterRenewalSentBeforeItOverstatesExpiry(t *testi
 // have run (the reset came first) and a renewal on the reconnected client would
 // have kept it.
 func TestMachineLostShortReentryRenewalErrorNotRetried(t *testing.T) {
-	h := newMH(t)
+	h, hd, lost := heldUnderWatchdog(t, 1)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	hd := h.hold("L", 1)
-	lost := hd.lostSignal().C()
 
-	h.now = start.Add(7500 * time.Millisecond)
-	h.fire(sweepKey)
-	r0 := h.take().one(t, scripts.LockRenew)
-	r0Sent := h.now
+	r0, r0Sent := h.sweepRenewal(t, start.Add(7500*time.Millisecond))
 	h.now = h.now.Add(time.Millisecond)
-	h.tryLease("L", 1, time.Second)
-	tc := h.take().one(t, scripts.LockAcquire)
-	tSent := h.now
-	h.now = h.now.Add(5 * time.Millisecond)
-	h.replyAt(tc, tSent, scripts.Reply{}, errConn)
+	tSent := h.lostTry(t, time.Second)
 	renewed := len(renewalsIn(h.take(), hd.id))
 	h.replyAt(r0, r0Sent, scripts.Reply{}, errConn)
 	renewed += len(renewalsIn(h.take(), hd.id))
@@ -206,18 +175,11 @@ func TestMachineLostShortReentryRenewalErrorNotRetried(t *testing.T) {
 // in doubt gets no other renewal before its shortened deadline, although two
 // sweeps run before it (nextRenew is still +10 s away).
 func TestMachineLostReentryDoubtRenewalErrorNotRetriedBySweep(t *testing.T) {
-	h := newMH(t)
+	h, hd, lost := heldUnderWatchdog(t, 1)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	hd := h.hold("L", 1)
-	lost := hd.lostSignal().C()
 
 	h.now = start.Add(time.Second)
-	h.tryLease("L", 1, 5*time.Second)
-	tc := h.take().one(t, scripts.LockAcquire)
-	tSent := h.now
-	h.now = h.now.Add(5 * time.Millisecond)
-	h.replyAt(tc, tSent, scripts.Reply{}, errConn)
+	tSent := h.lostTry(t, 5*time.Second)
 	r := h.take().one(t, scripts.LockRenew)
 	rSent := h.now
 	h.now = h.now.Add(5 * time.Millisecond)
@@ -252,21 +214,12 @@ func TestMachineLostReentryDoubtRenewalErrorNotRetriedBySweep(t *testing.T) {
 // at least R's 30 s, or not at all, once R has said "held": only a re-entry could
 // shorten it again, and its own reply would say so).
 func TestMachineLostShortReentryTrustedRenewalDroppedWhileUnlockSlow(t *testing.T) {
-	h := newMH(t)
+	h, hd, _ := heldUnderWatchdog(t, 2)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	h.acquire("L", 1, 0, -1) // re-entry: count 2
-	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
-	h.take()
-	hd := h.hold("L", 1)
 	lost := hd.lostSignal().C()
 
 	h.now = start.Add(time.Second)
-	h.tryLease("L", 1, 200*time.Millisecond)
-	tc := h.take().one(t, scripts.LockAcquire)
-	tSent := h.now
-	h.now = h.now.Add(5 * time.Millisecond)
-	h.replyAt(tc, tSent, scripts.Reply{}, errConn)
+	tSent := h.lostTry(t, 200*time.Millisecond)
 	r := h.take().one(t, scripts.LockRenew)
 	rSent := h.now
 
