@@ -520,8 +520,8 @@ func (m *machine) undoAmbiguous(w *waiter) {
 // unless a renewal comes first. The hold's lease is then in doubt (leaseDoubts)
 // until a renewal sent after now confirms it: a renewal sent earlier may have run
 // before this call, so its reply is not trusted (onRenewDone), and a watchdog
-// hold is renewed again once its owner is idle (markIdle, which follows this
-// reply; see renewDoubted). The same holds when the call's lease is not shorter
+// hold is renewed at once, or when the renewal in flight answers (renewDoubted).
+// The same holds when the call's lease is not shorter
 // but a renewal is in flight or the lease already in doubt: its expiry is kept,
 // and the doubt starts again from now. A hold with an explicit lease is not
 // renewed: it is told it is lost early rather than late.
@@ -540,6 +540,7 @@ func (m *machine) reentryMayHaveRun(h *hold, lease time.Duration, sentAt, now ti
 	}
 	m.leaseDoubts[h.id] = leaseDoubt{since: now, lease: lease}
 	m.armExpiry(h, now)
+	m.renewDoubted(h)
 }
 
 // leaseDoubt is a hold's entry in machine.leaseDoubts.
@@ -548,11 +549,12 @@ type leaseDoubt struct {
 	lease time.Duration // the shortest lease such a call carried: its margin is the hold's
 }
 
-// renewDoubted renews h's hold now if its lease is in doubt and nothing stands in
-// the way: it is a watchdog hold with no renewal in flight, and its owner is idle.
+// renewDoubted renews h's hold now if its lease is in doubt and it is a watchdog
+// hold with no renewal in flight, whether or not its owner has a call in flight:
+// a doubted hold takes a "held" reply even then (onRenewDone), and waiting for the
+// owner to be idle could outlast the shortened expiry.
 func (m *machine) renewDoubted(h *hold) {
-	if _, ok := m.leaseDoubts[h.id]; !ok || h.lease != 0 || h.renewing || h.provisional ||
-		m.ownerBusy(holdKey{h.lock.id, h.owner}) {
+	if _, ok := m.leaseDoubts[h.id]; !ok || h.lease != 0 || h.renewing || h.provisional {
 		return
 	}
 	m.renew([]*hold{h})

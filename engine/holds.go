@@ -88,6 +88,11 @@ func (m *machine) addHold(l *lockState, owner uint64, field string, lease time.D
 	}
 	h.lease = lease
 	h.expiresAt = sentAt.Add(m.leaseOf(lease))
+	if h.renewing && lease > m.cfg.watchdog {
+		// A renewal sent before this call may run after it on the server and set
+		// the watchdog's shorter lease back: count on no more than that.
+		h.expiresAt = sentAt.Add(m.cfg.watchdog)
+	}
 	delete(m.leaseDoubts, h.id) // this call, sent after any failed one of the owner's, set the expiry
 	if lease == 0 {
 		h.nextRenew = sentAt.Add(m.cfg.watchdog / 3)

@@ -207,8 +207,8 @@ func TestMachineLostReentryDoubtRenewalErrorNotRetriedBySweep(t *testing.T) {
 }
 
 // A renewal sent after the failure (trusted) replies "held" while an Unlock of the
-// same owner is in flight: onRenewDone skips it, and markIdle's renewal comes only
-// at the Unlock's reply. With a short try lease (200 ms) an Unlock slower than the
+// same owner is in flight: it must be taken (onRenewDone once skipped it, and the
+// next renewal came only at the Unlock's reply). With a short try lease (200 ms) an Unlock slower than the
 // remaining ~190 ms sees the hold lost meanwhile, and its field released after the
 // Unlock, although R confirmed the 30 s lease (Redis can only have the field with
 // at least R's 30 s, or not at all, once R has said "held": only a re-entry could

@@ -75,11 +75,6 @@ func (m *machine) markIdle(k holdKey, now time.Time) {
 		q.pending = q.pending[1:]
 		m.handle(msg, now)
 	}
-	if q.busy == 0 && len(m.leaseDoubts) > 0 {
-		if h := m.holds[k]; h != nil {
-			m.renewDoubted(h)
-		}
-	}
 	if l := m.lockByID[k.lock]; q.busy == 0 && l != nil && l.queue.head != nil {
 		m.advance(l, now) // a waiter of the owner's may wait for it to be idle (fairAdvance, startAttempt)
 	}
