@@ -194,6 +194,20 @@ func TestMachineLostShortReentryNotUndoneByRenewalSentBeforeIt(t *testing.T) {
 	}
 }
 
+// expiryFires moves the clock to at, fires hd's expiry entry, and reports whether
+// its Lost signal, lost, is closed then.
+func (h *mh) expiryFires(hd *hold, lost <-chan struct{}, at time.Time) bool {
+	h.now = at
+	h.fire(timerKeyExpiry(hd.id))
+	h.take()
+	select {
+	case <-lost:
+		return true
+	default:
+		return false
+	}
+}
+
 func timerKeyExpiry(id uint64) timer.Key { return timer.Key{Kind: kindExpiry, ID: id} }
 
 // A renewal of a hold whose lease is in doubt is skipped at its reply when the

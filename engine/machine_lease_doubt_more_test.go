@@ -24,18 +24,11 @@ import (
 //  4. Redis ran S, then R (pexpire 30 s): R's reply 1, ignored.
 //  5. At R's send + 30 s Redis may have freed L; Lost is still open.
 func TestMachineDoubtRenewalOverridesLongerReentryLease(t *testing.T) {
-	h := newMH(t)
+	h, hd, lost := heldUnderWatchdog(t, 1)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	hd := h.hold("L", 1)
-	lost := hd.lostSignal().C()
 
 	h.now = start.Add(time.Second)
-	h.tryLease("L", 1, time.Second)
-	tc := h.take().one(t, scripts.LockAcquire)
-	tSent := h.now
-	h.now = h.now.Add(5 * time.Millisecond)
-	h.replyAt(tc, tSent, scripts.Reply{}, errConn)
+	h.lostTry(t, time.Second)
 	r := h.take().one(t, scripts.LockRenew) // the doubt's renewal
 	rSent := h.now
 
@@ -60,12 +53,7 @@ func TestMachineDoubtRenewalOverridesLongerReentryLease(t *testing.T) {
 			"after S and set the key's expiry to 30 s, so Redis may free L at R's send + 30 s",
 			hd.expiresAt.Sub(sSent))
 	}
-	h.now = redisFrees
-	h.fire(timerKeyExpiry(hd.id))
-	h.take()
-	select {
-	case <-lost:
-	default:
+	if !h.expiryFires(hd, lost, redisFrees) {
 		t.Errorf("Lost still open at R's send + 30 s, when Redis may have freed L")
 	}
 }
@@ -84,14 +72,8 @@ func TestMachineDoubtRenewalOverridesLongerReentryLease(t *testing.T) {
 //  4. R says held while U is in flight; at T's send + 195 ms the expiry entry
 //     fires: the hold is not lost.
 func TestMachineDoubtRenewalNotSentWhileWaitingCallKeepsOwnerBusy(t *testing.T) {
-	h := newMH(t)
+	h, hd, lost := heldUnderWatchdog(t, 2)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	h.acquire("L", 1, 0, -1) // re-entry: count 2
-	h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
-	h.take()
-	hd := h.hold("L", 1)
-	lost := hd.lostSignal().C()
 
 	h.now = start.Add(time.Second)
 	h.tryLease("L", 1, 200*time.Millisecond)
@@ -116,13 +98,8 @@ func TestMachineDoubtRenewalNotSentWhileWaitingCallKeepsOwnerBusy(t *testing.T) 
 	h.replyAt(rs[0], rSent, replyInts(1), nil) // held, U still in flight
 	h.take()
 
-	h.now = tSent.Add(195 * time.Millisecond) // U still in flight
-	h.fire(timerKeyExpiry(hd.id))
-	h.take()
-	select {
-	case <-lost:
+	if h.expiryFires(hd, lost, tSent.Add(195*time.Millisecond)) {
 		t.Errorf("the hold in doubt was lost at T's send + 195 ms although its renewal, sent after T's failure, said held")
-	default:
 	}
 	h.now = h.now.Add(10 * time.Millisecond)
 	h.reply(uc, replyInt(0), nil)
@@ -135,14 +112,9 @@ func TestMachineDoubtRenewalNotSentWhileWaitingCallKeepsOwnerBusy(t *testing.T) 
 // doubts; renewDoubted makes the race routine by sending its renewal exactly when
 // the owner's next call goes.)
 func TestMachineSweepRenewalOverridesLongerReentryLease(t *testing.T) {
-	h := newMH(t)
+	h, hd, _ := heldUnderWatchdog(t, 1)
 	start := h.now
-	h.grantFresh("L", 1, 0)
-	hd := h.hold("L", 1)
-	h.now = start.Add(7500 * time.Millisecond)
-	h.fire(sweepKey)
-	r := h.take().one(t, scripts.LockRenew)
-	rSent := h.now
+	r, rSent := h.sweepRenewal(t, start.Add(7500*time.Millisecond))
 	h.now = h.now.Add(time.Millisecond)
 	s := h.tryLease("L", 1, time.Minute)
 	sc := h.take().one(t, scripts.LockAcquire)

@@ -67,12 +67,7 @@ func TestMachineSecondLostReentryNotUndoneByRenewalSentBetween(t *testing.T) {
 			"(reentryMayHaveRun returned early for T2, so since stayed at T1's failure, before R's send)",
 			hd.expiresAt.Sub(t2Sent))
 	}
-	h.now = redisFrees
-	h.fire(timerKeyExpiry(hd.id))
-	h.take()
-	select {
-	case <-lost:
-	default:
+	if !h.expiryFires(hd, lost, redisFrees) {
 		t.Errorf("Lost still open when Redis may free the lock (T2's send + 1 s)")
 	}
 }
@@ -118,12 +113,7 @@ func TestMachineLongLostReentryAfterRenewalSentBeforeItOverstatesExpiry(t *testi
 		h.replyAt(c, h.now, scripts.Reply{}, errConn)
 	}
 	h.take()
-	h.now = redisFrees
-	h.fire(timerKeyExpiry(hd.id))
-	h.take()
-	select {
-	case <-lost:
-	default:
+	if !h.expiryFires(hd, lost, redisFrees) {
 		t.Errorf("Lost still open at T's send + 23 s, when Redis frees the lock if R ran before T; "+
 			"the hold expires at T's send + %v (R's reply, sent before T, was trusted)", hd.expiresAt.Sub(tSent))
 	}
@@ -229,14 +219,9 @@ func TestMachineLostShortReentryTrustedRenewalDroppedWhileUnlockSlow(t *testing.
 	h.replyAt(r, rSent, replyInts(1), nil) // R ran: 30 s from its run on Redis
 	h.take()
 
-	h.now = tSent.Add(195 * time.Millisecond) // U still in flight
-	h.fire(timerKeyExpiry(hd.id))
-	h.take()
-	select {
-	case <-lost:
+	if h.expiryFires(hd, lost, tSent.Add(195*time.Millisecond)) {
 		t.Errorf("the hold was lost at T's send + 195 ms while the Unlock was in flight, although renewal R, " +
 			"sent after T's failure, replied \"held\" (skipped because the owner was busy)")
-	default:
 	}
 	h.now = h.now.Add(50 * time.Millisecond)
 	h.reply(uc, replyInt(0), nil)
