@@ -37,6 +37,8 @@ type hold struct {
 	nextRenew time.Time // watchdog holds: when the next renewal is due
 	grantedAt time.Time // send time of the latest grant
 	renewing  bool      // a renewal of this hold is in flight
+	// renewAnswered: when the last renewal's reply came (see addHold)
+	renewAnswered time.Time
 	// provisional: granted early by a local handoff whose reply has not come back
 	// (see handoff.go); the watchdog does not renew it until then.
 	provisional bool
@@ -88,9 +90,11 @@ func (m *machine) addHold(l *lockState, owner uint64, field string, lease time.D
 	}
 	h.lease = lease
 	h.expiresAt = sentAt.Add(m.leaseOf(lease))
-	if h.renewing && lease > m.cfg.watchdog {
-		// A renewal sent before this call may run after it on the server and set
-		// the watchdog's shorter lease back: count on no more than that.
+	if lease > m.cfg.watchdog && (h.renewing || h.renewAnswered.After(sentAt)) {
+		// A renewal in flight, or answered since this call was sent, may have run
+		// after it on the server (replies need not come back in the order the
+		// server ran the calls) and set the watchdog's shorter lease back: count
+		// on no more than that. One answered before this call was sent ran before.
 		h.expiresAt = sentAt.Add(m.cfg.watchdog)
 	}
 	delete(m.leaseDoubts, h.id) // this call, sent after any failed one of the owner's, set the expiry

@@ -83,6 +83,7 @@ func (m *machine) onRenewDone(d scriptDone, now time.Time) {
 			continue
 		}
 		h.renewing = false
+		h.renewAnswered = now
 		if h.lease != 0 {
 			continue
 		}
