@@ -22,7 +22,7 @@ import (
 //  3. +1.006 s: TryLock S (60 s) of the same handle re-enters: granted.
 //     h.lease = 60 s, expiresAt = S's send + 60 s.
 //  4. Redis ran S, then R (pexpire 30 s): R's reply 1, ignored.
-//  5. At R's send + 30 s Redis may have freed L; Lost is still open.
+//  5. About 30 s after S ran, Redis may have freed L; Lost is still open.
 func TestMachineDoubtRenewalOverridesLongerReentryLease(t *testing.T) {
 	h, hd, lost := heldUnderWatchdog(t, 1)
 	start := h.now
@@ -50,11 +50,11 @@ func TestMachineDoubtRenewalOverridesLongerReentryLease(t *testing.T) {
 	redisFrees := sSent.Add(30 * time.Second) // at the earliest: R ran after S, which ran at or after its send
 	if hd.expiresAt.After(redisFrees) {
 		t.Errorf("the hold expires at S's send + %v; renewal R (sent before S, answered after it) may have run "+
-			"after S and set the key's expiry to 30 s, so Redis may free L at R's send + 30 s",
+			"after S and set the key's expiry to 30 s, so Redis may free L at S's send + 30 s",
 			hd.expiresAt.Sub(sSent))
 	}
 	if !h.expiryFires(hd, lost, redisFrees) {
-		t.Errorf("Lost still open at R's send + 30 s, when Redis may have freed L")
+		t.Errorf("Lost still open at S's send + 30 s, when Redis may have freed L")
 	}
 }
 
