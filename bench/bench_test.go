@@ -326,8 +326,8 @@ func TestRunTiny(t *testing.T) {
 	}
 }
 
-// TestCDrainCap checks scenario C's drain cap on the naive lock, whose polling
-// waiters drain 100 waiters in far more than 100 ms: the cell stops at the cap, the
+// TestCDrainCap checks scenario C's drain cap on the naive lock, whose 100
+// waiters cannot drain within the cap: the cell stops at the cap, the
 // waiters left stop without counting as errors, and the figures cover the
 // handoffs made.
 func TestCDrainCap(t *testing.T) {
@@ -335,7 +335,10 @@ func TestCDrainCap(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	p := tinyProfile()
-	p.CWaiters, p.CProcs, p.CHolderHold, p.CDrainCap = 100, []int{1, 2}, 10*time.Millisecond, 100*time.Millisecond
+	// 100 holds of 5 ms take at least 500 ms, so the 300 ms cap always cuts the
+	// drain, and leaves a worker slowed by -race and a busy machine time to serve
+	// some waiters first.
+	p.CWaiters, p.CProcs, p.CHolderHold, p.CHold, p.CDrainCap = 100, []int{1, 2}, 10*time.Millisecond, 5*time.Millisecond, 300*time.Millisecond
 	o := options{addr: srv.Addr(), prof: p, contenders: "naive", scenarios: "C", args: []string{"-test"}}
 	res, err := runBench(ctx, o, io.Discard)
 	if err != nil {
