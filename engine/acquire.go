@@ -592,6 +592,12 @@ func (m *machine) finish(w *waiter, err error) {
 		w.ambiguous = false
 		if k := (holdKey{l.id, w.owner}); !m.ownerBusy(k) {
 			m.undoAmbiguous(w)
+		} else if l.fair != nil && !w.oneShot && m.holds[k] == nil {
+			// A fair join that may have queued the owner: its entry must leave the
+			// Redis queue, or once at its head it keeps every process out for its
+			// lease or the wait allowance. The leave waits for the owner's call in
+			// flight, and claims only if that call took nothing (fairLeaveOwner).
+			w.enqueued = true
 		} else if h := m.holds[k]; h != nil {
 			h.maySurplus = true
 		}

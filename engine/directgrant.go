@@ -64,13 +64,22 @@ func (m *machine) stamp(t time.Time) string {
 // registration returns w's registration for lock_acquire and lock_handoff,
 // "<lease ms>|<stamp>|<waiter id>|<grant field>", or "" when w may not register:
 // only a plain lock's queued waiters do, once this client listens on its grant
-// channel (a registration of a client that does not listen counts as dead).
+// channel (a registration of a client that does not listen counts as dead) and
+// on the lock's unlock channel.
 func (m *machine) registration(w *waiter, now time.Time) string {
 	if w.lock.fair != nil || w.direct || w.oneShot || m.closing {
 		return ""
 	}
 	if m.grantSub != subSubscribed {
 		m.subscribeGrants()
+		return ""
+	}
+	if w.lock.sub != subSubscribed {
+		// lock_lib.lua counts a registered client as a listener on the unlock
+		// channel: registered before its subscription is made (or after one
+		// failed), this client would hide a Redisson waiter there from a release,
+		// which would grant to it rather than publish. onSubscribed wakes the
+		// head, which registers then.
 		return ""
 	}
 	w.lock.mayBeRegistered = true

@@ -53,12 +53,16 @@ type scriptCall struct {
 	serial   bool     // one of the owner's serialized calls (see serial.go)
 	joining  bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)
 	batch    []uint64 // purposeRenew: hold ids, in KEYS order
+	check    bool     // purposeRenew: a check of one hold a force-release may have deleted (see checkForced)
 	retried  bool     // this is the one retry after a transport error (releases, leaves, early handoffs)
 	giveBack uint64   // purposeAbandon, purposeLeave: the give-back's sequence number, 0 if none (see giveback.go)
 	// releaserLost: an early handoff's releasing hold's Lost signal, if asked for.
 	releaserLost *futures.Signal
 	// firstSent: on a retry, when the first try was sent.
 	firstSent time.Time
+	// firstUnrun: on a retry, the first try is known not to have run
+	// (scripts.ErrReordered): the retry's reply is read as a first try's.
+	firstUnrun bool
 	// backoff: on a leave sent again after transport errors, how long it
 	// waited before this send (see retryLeaveLater).
 	backoff time.Duration

@@ -543,8 +543,11 @@ func (e *Engine) loop() {
 			}
 		case <-e.mail.signal:
 			e.mu.Lock()
+			msgs := e.mail.drain()
+			// Read after the drain, so that no reply stepped here came after now
+			// (renewMayFollow compares reply and send times).
 			now := time.Now()
-			for _, msg := range e.mail.drain() {
+			for _, msg := range msgs {
 				e.step(msg, now)
 			}
 		}

@@ -512,6 +512,19 @@ func (m *machine) fairLeave(w *waiter) {
 // fairLeaveOwner takes owner's entry (field) out of l's Redis queue, and gives
 // back a direct grant to it that this client does not know of.
 func (m *machine) fairLeaveOwner(l *lockState, owner uint64, field string) {
+	// Another local waiter of the owner's may stand in the Redis queue under the
+	// same entry (one that joined behind an unqueued local head: see
+	// ownerQueued): the entry is its, and so is a direct grant made to it. The
+	// leave would take both away while that waiter, still counting itself
+	// queued, could be granted by the grant's message. The entry stays; the
+	// waiter retries at once, which registers it under its own name and claims
+	// a grant made meanwhile (to a registration of the waiter that gave up).
+	for v := l.queue.head; v != nil; v = v.next {
+		if v.owner == owner && v.enqueued {
+			v.wake = true
+			return
+		}
+	}
 	// A release of the owner's in flight (an abandon) would delete what this leave
 	// gives back; deleting twice is harmless, so only a hold this client knows of
 	// keeps the leave from giving back.

@@ -477,6 +477,12 @@ func (m *machine) runCleanup(c abandonMsg) {
 func (m *machine) confirmEarly(h *hold, sentAt time.Time) {
 	h.provisional = false
 	h.expiresAt = sentAt.Add(m.leaseOf(h.lease))
+	if h.lease > m.cfg.watchdog && m.renewMayFollow(h.lock, sentAt) {
+		h.expiresAt = sentAt.Add(m.cfg.watchdog) // as in addHold
+	}
+	if sentAt.Before(h.lock.forcedAt) {
+		m.checkForced(h) // as in addHold
+	}
 	if h.lease == 0 {
 		h.nextRenew = sentAt.Add(m.cfg.watchdog / 3)
 	}

@@ -37,8 +37,6 @@ type hold struct {
 	nextRenew time.Time // watchdog holds: when the next renewal is due
 	grantedAt time.Time // send time of the latest grant
 	renewing  bool      // a renewal of this hold is in flight
-	// renewAnswered: when the last renewal's reply came (see addHold)
-	renewAnswered time.Time
 	// provisional: granted early by a local handoff whose reply has not come back
 	// (see handoff.go); the watchdog does not renew it until then.
 	provisional bool
@@ -90,14 +88,17 @@ func (m *machine) addHold(l *lockState, owner uint64, field string, lease time.D
 	}
 	h.lease = lease
 	h.expiresAt = sentAt.Add(m.leaseOf(lease))
-	if lease > m.cfg.watchdog && (h.renewing || h.renewAnswered.After(sentAt)) {
-		// A renewal in flight, or answered since this call was sent, may have run
-		// after it on the server (replies need not come back in the order the
-		// server ran the calls) and set the watchdog's shorter lease back: count
-		// on no more than that. One answered before this call was sent ran before.
+	if lease > m.cfg.watchdog && m.renewMayFollow(l, sentAt) {
+		// A renewal may have run after this call on the server and set the
+		// watchdog's shorter lease back: count on no more than that.
 		h.expiresAt = sentAt.Add(m.cfg.watchdog)
 	}
 	delete(m.leaseDoubts, h.id) // this call, sent after any failed one of the owner's, set the expiry
+	if sentAt.Before(l.forcedAt) && !m.grantedEarly(key) {
+		// A force-release that found the lock held was answered while this call was
+		// in flight. (An early grant is checked once its handoff is confirmed.)
+		m.checkForced(h)
+	}
 	if lease == 0 {
 		h.nextRenew = sentAt.Add(m.cfg.watchdog / 3)
 		m.armSweep()
@@ -108,6 +109,13 @@ func (m *machine) addHold(l *lockState, owner uint64, field string, lease time.D
 		m.armExpiry(h, now)
 	}
 	return h
+}
+
+// grantedEarly reports whether the owner's call in flight is a handoff that
+// granted it early (see handoff.go).
+func (m *machine) grantedEarly(k holdKey) bool {
+	q := m.serial[k]
+	return q != nil && q.early
 }
 
 // loseHold ends a hold that was not unlocked: its Lost signal closes. With release,

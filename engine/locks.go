@@ -21,20 +21,28 @@ const (
 // lockFor returns the state of the lock name, made if there is none. An idle
 // state of the other kind (fair, plain) is replaced: the kind is checked against
 // live states only.
+//
+// A state of the other kind kept only by renewals in flight (renewsOut) is replaced
+// too: the new state takes over their count and renewAnswered (onRenewDone finds
+// the state by name), since a renewal is guarded by an owner's field, which the
+// owner's holds of either kind write.
 func (m *machine) lockFor(name string, fair bool) *lockState {
+	var renewsOut int
+	var renewAnswered time.Time
 	if l := m.locks[name]; l != nil {
-		if !l.idle {
-			return l
-		}
-		if (l.fair != nil) == fair {
+		if (l.fair != nil) == fair && l.idle {
 			l.idle = false
 			m.idleLocks--
 			return l
 		}
+		if (l.fair != nil) == fair || !(l.idle || onlyRenewals(l)) {
+			return l
+		}
+		renewsOut, renewAnswered = l.renewsOut, l.renewAnswered
 		m.forget(l)
 	}
 	m.nextID++
-	l := &lockState{id: m.nextID, name: name, channel: channelName(name)}
+	l := &lockState{id: m.nextID, name: name, channel: channelName(name), renewsOut: renewsOut, renewAnswered: renewAnswered}
 	regs, order := "leash_lock_reg:"+tagged(name), "leash_lock_regq:"+tagged(name)
 	l.nameKeys = []string{l.name, regs, order}
 	l.releaseKeys = []string{l.name, l.channel, regs, order}
@@ -48,12 +56,21 @@ func (m *machine) lockFor(name string, fair bool) *lockState {
 	return l
 }
 
-// unused reports whether nothing refers to l: no waiter, hold, call in flight or
-// subscription, nor a channel a failed Subscribe left with the registry (subLeft).
+// unused reports whether nothing refers to l: no waiter, hold, call or renewal in
+// flight or subscription, nor a channel a failed Subscribe left with the registry
+// (subLeft).
 func unused(l *lockState) bool {
-	return l.queue.len == 0 && len(l.holders) == 0 && l.attempting == nil && l.inflight == 0 && l.sub == subNone &&
-		!l.subLeft && l.cleanupsWaiting == 0
+	return l.renewsOut == 0 && unusedButRenewals(l)
 }
+
+// unusedButRenewals is unused, renewals in flight aside.
+func unusedButRenewals(l *lockState) bool {
+	return l.queue.len == 0 && len(l.holders) == 0 && l.attempting == nil && l.inflight == 0 &&
+		l.sub == subNone && !l.subLeft && l.cleanupsWaiting == 0
+}
+
+// onlyRenewals reports whether nothing but renewals in flight keeps l live.
+func onlyRenewals(l *lockState) bool { return l.renewsOut > 0 && unusedButRenewals(l) }
 
 // maybeForget marks a lock's state idle once nothing refers to it (see idleKeep).
 func (m *machine) maybeForget(l *lockState) {

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"errors"
 	"slices"
 	"time"
 
@@ -245,6 +246,17 @@ type lockState struct {
 	// so a waiting lock costs no Redis calls.
 	parked   bool
 	inflight int // script calls in flight that name this lock
+	// renewsOut counts the watchdog's renewals of this lock's holds in flight, and
+	// renewAnswered is when the last one was answered (or failed). A renewal
+	// outlives its hold: it is a PEXPIRE guarded by the owner's field, and may run
+	// after that owner's next acquire (see renewMayFollow). The state is kept
+	// while renewsOut is above zero.
+	renewsOut     int
+	renewAnswered time.Time
+	// forcedAt is when the last force-release of this lock that found it held was
+	// answered: a hold granted by a call sent before then may have been deleted by
+	// it (see checkForced).
+	forcedAt time.Time
 	// cleanupsWaiting counts owner-guarded releases of this lock parked behind an
 	// owner's call in flight (parkCleanup): they need the state when they run.
 	cleanupsWaiting int
@@ -456,8 +468,9 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		m.onUnlockDone(d, now)
 	case purposeAbandon:
 		if d.call.relayed != nil {
-			// -1 on a retry most likely means the first try ran (as in onUnlockDone).
-			m.answerRelay(d.call.relayed, relayOutcome(d, d.reply.Int == -1 && !d.call.retried))
+			// -1 on a retry most likely means the first try ran (as in onUnlockDone),
+			// unless the first is known not to have run.
+			m.answerRelay(d.call.relayed, relayOutcome(d, d.reply.Int == -1 && (!d.call.retried || d.call.firstUnrun)))
 		}
 		if d.call.script == scripts.LockLeave {
 			m.onLeaveRegDone(d, now)
@@ -498,7 +511,10 @@ func (m *machine) retryOnce(d scriptDone) bool {
 	retry := d.call
 	retry.retried = true
 	retry.firstSent = d.sentAt
+	retry.firstUnrun = errors.Is(d.err, scripts.ErrReordered)
 	switch {
+	case retry.firstUnrun:
+		// The retry is the first run: its arguments stay a first try's.
 	case retry.early && retry.script == scripts.FairHandoff:
 		// fair_handoff's ARGV[10]: tell a first try that ran from one that did not.
 		retry.args = slices.Clone(retry.args)

@@ -20,7 +20,7 @@ func withGrants(t *testing.T) *mh {
 }
 
 // registeredWaiter queues a waiter of owner on lock, refused once and then
-// registered by its second attempt (woken by an unlock message), which is refused
+// registered by its second attempt (woken by its subscription), which is refused
 // too; it returns the waiter and that attempt.
 func (h *mh) registeredWaiter(t *testing.T, lock string, owner uint64) (*tw, scriptCall) {
 	t.Helper()
@@ -31,7 +31,7 @@ func (h *mh) registeredWaiter(t *testing.T, lock string, owner uint64) (*tw, scr
 	}
 	h.reply(first, replyPTTL(30*time.Second), nil)
 	h.take()
-	h.notice(lock)
+	h.subscribed(lock) // a client registers once it listens on the unlock channel
 	att := h.take().one(t, scripts.LockAcquire)
 	if len(att.args) != 5 || att.args[2] != "cid" || att.args[4] != h.m.grantFieldOf(w.id) {
 		t.Fatalf("second attempt args %q, want a registration and the waiter's grant field", att.args)

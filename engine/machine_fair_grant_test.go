@@ -351,25 +351,7 @@ func TestMachineFairGrantAfterLostTryIsClaimed(t *testing.T) {
 // the release then deleted it: the engine held for owner 1 while Redis had no key.
 func TestMachineFairLostTryLeavesFieldToQueuedWaiterBehindUnqueuedHead(t *testing.T) {
 	h := newMH(t, func(c *config) { c.fairWait = 5 * time.Minute })
-	z := h.acquireFair("L", 9)
-	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
-	h.take()
-	a := h.acquireFair("L", 1)
-	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
-	h.take()
-
-	t9ID, t9F, cancel9, ctx9 := h.tryFairCtx("L", 9)
-	t9 := h.take().one(t, scripts.FairAcquire)
-	cancel9()
-	h.m.handle(cancelMsg{id: t9ID, err: ctx9.Err()}, h.now)
-	h.reply(t9, replyNil, nil) // claimed z's grant; its caller has gone
-	if err, ok := peek(t9F); !ok || err == nil {
-		t.Fatalf("setup: T9 answered %v, %v; want its context's error", err, ok)
-	}
-	gb9 := h.take().one(t, scripts.LockReleaseOwner) // T9's grant goes back
-	if zw := h.m.waiters[z.id]; zw == nil || zw.enqueued || h.lock("L").queue.head != zw {
-		t.Fatalf("setup: z is not the local head out of the Redis queue")
-	}
+	z, a, _, gb9 := h.unqueuedHeadBeforeQueued(t)
 
 	t1 := h.tryFair("L", 1)
 	t1c := h.take().one(t, scripts.FairAcquire)
@@ -450,4 +432,33 @@ func TestMachineLostShortReentryRenewsTheHold(t *testing.T) {
 			}
 		})
 	}
+}
+
+// unqueuedHeadBeforeQueued: another process holds L; z (owner 9) and a (owner 1)
+// queue in Redis; then owner 9's TryLock claims z's direct grant with its caller
+// gone, so the grant goes back (gb9, not yet answered) and z is the local head,
+// out of the Redis queue, ahead of a, in it. It returns z, a, a's join and gb9.
+func (h *mh) unqueuedHeadBeforeQueued(t *testing.T) (z, a *tw, aj, gb9 scriptCall) {
+	t.Helper()
+	z = h.acquireFair("L", 9)
+	h.reply(h.take().one(t, scripts.FairAcquire), replyPTTL(30*time.Second), nil)
+	h.take()
+	a = h.acquireFair("L", 1)
+	aj = h.take().one(t, scripts.FairAcquire)
+	h.reply(aj, replyPTTL(30*time.Second), nil)
+	h.take()
+
+	t9ID, t9F, cancel9, ctx9 := h.tryFairCtx("L", 9)
+	t9 := h.take().one(t, scripts.FairAcquire)
+	cancel9()
+	h.m.handle(cancelMsg{id: t9ID, err: ctx9.Err()}, h.now)
+	h.reply(t9, replyNil, nil) // claimed z's grant; its caller has gone
+	if err, ok := peek(t9F); !ok || err == nil {
+		t.Fatalf("setup: T9 answered %v, %v; want its context's error", err, ok)
+	}
+	gb9 = h.take().one(t, scripts.LockReleaseOwner) // T9's grant goes back
+	if zw := h.m.waiters[z.id]; zw == nil || zw.enqueued || h.lock("L").queue.head != zw {
+		t.Fatalf("setup: z is not the local head out of the Redis queue")
+	}
+	return z, a, aj, gb9
 }

@@ -28,6 +28,7 @@ const maxFreeCalls = 256
 type ownerCalls struct {
 	busy    int       // calls its requests wait for: its own, a handoff to its waiter (early or not), the relay that granted it, and a relay's follow-up (see relay.go)
 	early   bool      // a call in flight is a handoff that granted this owner early (see handoff.go)
+	recheck uint64    // a hold whose force-release check is asked again once the owner is idle (see checkFound)
 	pending []message // requests waiting for it, in arrival order
 }
 
@@ -67,6 +68,12 @@ func (m *machine) markIdle(k holdKey, now time.Time) {
 	}
 	if q.busy > 0 {
 		return // the owner's other call is still in flight
+	}
+	if q.recheck != 0 {
+		if h := m.holds[k]; h != nil && h.id == q.recheck {
+			m.checkForced(h) // see checkFound
+		}
+		q.recheck = 0
 	}
 	q.early = false
 	for len(q.pending) > 0 && q.busy == 0 {

@@ -113,10 +113,16 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 			m.loseHold(h, true)
 		}
 		d.call.unlock.Complete(d.err)
-	case d.reply.Nil && d.call.retried:
+	case d.reply.Nil && d.call.retried && !d.call.firstUnrun:
 		// The first try most likely ran before its connection failed: the lock is
-		// no longer this owner's, which is what Unlock asked for.
-		if h != nil {
+		// no longer this owner's, which is what Unlock asked for. With more counts,
+		// though, the first try kept h.count-1 (its bound) and cannot have deleted
+		// the field: something else did (a force-release), and took the counts
+		// the hold keeps: it is lost (its Lost closes; its next Unlock says so).
+		switch {
+		case h != nil && h.count > 1:
+			m.loseHold(h, false)
+		case h != nil:
 			m.dropHold(h)
 		}
 		d.call.unlock.Complete(nil)
@@ -188,15 +194,37 @@ func (m *machine) onForceUnlock(msg forceUnlockMsg, now time.Time) {
 func (m *machine) onForceDone(d scriptDone, now time.Time) {
 	l := m.lockByID[d.call.lock]
 	if d.err != nil {
+		if l != nil && !isRedisError(d.err) {
+			// It may have run, and deleted any of the holds: each is checked (a
+			// provisional one once its handoff is confirmed, see confirmEarly), as
+			// is a grant whose call is in flight (addHold).
+			for _, h := range slices.Clone(l.holders) {
+				if !h.provisional {
+					m.checkForced(h)
+				}
+			}
+			l.forcedAt = now
+		}
 		d.call.force.Complete(forceResult{err: d.err})
 	} else {
 		if l != nil {
-			// Holds granted after the force-release was sent are not its victims: its
-			// own unlock message may have woken a waiter that got the lock since.
+			// Holds granted before the force-release was sent are its victims. One
+			// granted by a call sent after it may be too, when it found the lock
+			// held: calls on different connections need not run in the order they
+			// were sent. Or it may not (the force-release's own unlock message may
+			// have woken a waiter that got the lock since): checkForced asks. So
+			// does addHold for a grant whose call was in flight at this reply.
+			existed := d.reply.Int == 1
 			for _, h := range slices.Clone(l.holders) {
-				if !h.grantedAt.After(d.sentAt) {
+				switch {
+				case !h.grantedAt.After(d.sentAt):
 					m.loseHold(h, false)
+				case existed && !h.provisional:
+					m.checkForced(h)
 				}
+			}
+			if existed {
+				l.forcedAt = now
 			}
 		}
 		d.call.force.Complete(forceResult{existed: d.reply.Int == 1})

@@ -61,29 +61,93 @@ func (m *machine) onSweep(now time.Time) {
 	m.armSweep()
 }
 
-func (m *machine) renew(batch []*hold) {
+func (m *machine) renew(batch []*hold) { m.renewWith(batch, m.watchdogText, false) }
+
+// renewWith sends a renewal of batch with the lease text lease; check marks the
+// call as checkForced's.
+func (m *machine) renewWith(batch []*hold, lease string, check bool) {
 	keys := make([]string, len(batch))
 	args := make([]string, 1, len(batch)+1)
 	ids := make([]uint64, len(batch))
-	args[0] = m.watchdogText
+	args[0] = lease
 	for i, h := range batch {
 		h.renewing = true
+		h.lock.renewsOut++
 		keys[i] = h.lock.name
 		args = append(args, h.field)
 		ids[i] = h.id
 	}
 	m.stats.Renewals += uint64(len(batch))
-	m.run(scriptCall{script: scripts.LockRenew, keys: keys, args: args, purpose: purposeRenew, batch: ids})
+	m.run(scriptCall{script: scripts.LockRenew, keys: keys, args: args, purpose: purposeRenew, batch: ids, check: check})
+}
+
+// checkForced asks the server whether h's field is still there, h having been
+// granted by a call whose order against a force-release that found the lock held
+// is unknown: calls on different connections need not run in the order they were
+// sent, so the grant may have run first, and been deleted by it. The check is a
+// renewal of h alone, sent after both replies, so it runs after both; a "not
+// held" ends h (checkFound). Until its reply, h is believed: one round trip.
+//
+// The lease is never below the watchdog's: the check is a PEXPIRE guarded by h's
+// field, and may run after a later acquire of that field (a re-entry, the owner's
+// next Lock), so a shorter lease than that acquire's would cut the key's expiry
+// below what the engine believes. With at least the watchdog's, it only extends
+// the expiry: leases longer than the watchdog's count on the watchdog's while a
+// renewal may follow (renewMayFollow). A short explicit lease is thus stretched
+// on the server; the engine still ends the hold, and releases its field, at its
+// own deadline (onExpiry).
+func (m *machine) checkForced(h *hold) {
+	lease := h.lease
+	if lease < m.cfg.watchdog {
+		lease = 0 // the watchdog's
+	}
+	m.renewWith([]*hold{h}, m.leaseText(lease), true)
+}
+
+// checkFound reports whether checkForced's reply d (h the i-th of its batch) lets
+// h stand. A call of the owner's in flight (an Unlock, a re-entry) decides
+// instead, as for any renewal: its reply sees the field gone if the force-release
+// deleted it. A failed check ends h, its field released owner-guarded: early is
+// safe. A "held" reply goes on as a renewal's would (onRenewDone): for a watchdog
+// hold it is one (its lease is the watchdog's), and a hold whose lease came in
+// doubt meanwhile gets the renewal it waited for.
+//
+// A "not held" set aside for a call of the owner's is asked again once the owner
+// is idle (ownerCalls.recheck, see markIdle): the call may have run before the
+// force-release and keep the hold by its reply (an Unlock that left a count, a
+// re-entry).
+func (m *machine) checkFound(h *hold, d scriptDone, i int, now time.Time) bool {
+	if d.err == nil && i < len(d.reply.Ints) && d.reply.Ints[i] == 1 {
+		return true
+	}
+	if k := (holdKey{h.lock.id, h.owner}); m.ownerBusy(k) {
+		m.serial[k].recheck = h.id
+		return true
+	}
+	l := h.lock
+	m.loseHold(h, d.err != nil)
+	m.advance(l, now)
+	m.maybeForget(l)
+	return false
 }
 
 func (m *machine) onRenewDone(d scriptDone, now time.Time) {
+	for _, name := range d.call.keys {
+		if l := m.locks[name]; l != nil && l.renewsOut > 0 { // kept while renewsOut > 0
+			l.renewsOut--
+			l.renewAnswered = now
+			defer m.maybeForget(l) // after the holds' outcomes below
+		}
+	}
 	for i, id := range d.call.batch {
 		h := m.holdByID[id]
 		if h == nil {
 			continue
 		}
 		h.renewing = false
-		h.renewAnswered = now
+		if d.call.check && !m.checkFound(h, d, i, now) {
+			continue
+		}
 		if h.lease != 0 {
 			continue
 		}
@@ -129,6 +193,18 @@ func (m *machine) onRenewDone(d scriptDone, now time.Time) {
 		m.advance(l, now)
 		m.maybeForget(l)
 	}
+}
+
+// renewMayFollow reports whether a renewal of one of l's holds may have run on
+// the server after a call sent at sentAt, and so set the watchdog's lease on the
+// key after that call set its own: a renewal in flight, or one answered at or after
+// sentAt (replies need not come back in the order the server ran the calls, and
+// two clock readings may be equal). One answered before sentAt ran before the
+// call. It counts renewals of holds dropped since (an Unlock, a loss): each is a
+// PEXPIRE guarded by its owner's field, which that owner's next acquire writes
+// again. It does not tell owners apart, which at worst ends a hold early.
+func (m *machine) renewMayFollow(l *lockState, sentAt time.Time) bool {
+	return l.renewsOut > 0 || !l.renewAnswered.Before(sentAt)
 }
 
 // marginOf is h's expiry margin: its lease's, or, while its lease is in doubt

@@ -145,9 +145,11 @@ func (m *Mutex) Unlock(ctx context.Context) error {
 
 // ForceUnlock deletes the lock whoever holds it, waking its waiters, and reports
 // whether it was held. Holders in this client see their Lost channel close; holders
-// elsewhere find out at their next renewal. It returns ctx's error when ctx ends
-// first (the deletion may still happen), ErrClosed, ErrInvalidArgument, or a
-// wrapped Redis error.
+// elsewhere find out at their next renewal. A hold of this client granted while
+// the deletion was in flight may have been granted before it ran or after: it is
+// checked with one more call, and its Lost closes if the deletion took it. It
+// returns ctx's error when ctx ends first (the deletion may still happen),
+// ErrClosed, ErrInvalidArgument, or a wrapped Redis error.
 func (m *Mutex) ForceUnlock(ctx context.Context) (bool, error) {
 	if err := m.c.check(ctx, m.name); err != nil {
 		return false, err
