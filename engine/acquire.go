@@ -175,6 +175,7 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 		waiter:  w.id,
 		owner:   w.owner,
 		serial:  true, // a direct call, or a queued one made serialized by startAttempt
+		fresh:   len(keys) == 1 && len(w.lock.holders) == 0 && !w.lock.refusedLast,
 	})
 }
 
@@ -266,6 +267,9 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 		l.joining--
 	}
 	granted := d.err == nil && d.reply.Nil
+	if l != nil && l.fair == nil && d.err == nil {
+		l.refusedLast = !granted
+	}
 	// registered: the attempt carried a registration for direct grants (see
 	// directgrant.go); claimed: it found a grant to the waiter's grant field.
 	registered := l != nil && l.fair == nil && len(d.call.args) > 4

@@ -52,6 +52,10 @@ type scriptCall struct {
 	owner    uint64   // purposeLeave; and with serial, the owner whose call this is
 	serial   bool     // one of the owner's serialized calls (see serial.go)
 	joining  bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)
+	// fresh: purposeAttempt, a plain lock's first attempt on a lock that looks
+	// free (no local hold, its last attempt not refused): the lone lane may take
+	// it with one plain command (scripts.FreshRunner).
+	fresh    bool
 	batch    []uint64 // purposeRenew: hold ids, in KEYS order
 	check    bool     // purposeRenew: a check of one hold a force-release may have deleted (see checkForced)
 	retried  bool     // this is the one retry after a transport error (releases, leaves, early handoffs)

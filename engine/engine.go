@@ -887,10 +887,21 @@ func (e *Engine) doScript(call scriptCall) scriptDone {
 	return scriptDone{call: call, sentAt: sentAt, reply: reply, err: err}
 }
 
-// doLone is doScript on the runner's lone lane (at most one call at a time).
+// doLone is doScript on the runner's lone lane (at most one call at a time). A
+// fresh attempt goes as the runner's plain command for a free lock, when it has
+// one (scripts.FreshRunner); sentAt is then taken before that command, which
+// may be followed by the script.
 func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 	sentAt := time.Now()
-	reply, err := lone.RunLone(context.Background(), call.script, call.keys, call.args)
+	var (
+		reply scripts.Reply
+		err   error
+	)
+	if f, ok := lone.(scripts.FreshRunner); ok && call.fresh {
+		reply, err = f.RunLoneFresh(context.Background(), call.keys, call.args)
+	} else {
+		reply, err = lone.RunLone(context.Background(), call.script, call.keys, call.args)
+	}
 	return scriptDone{call: call, sentAt: sentAt, reply: reply, err: err}
 }
 

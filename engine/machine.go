@@ -221,6 +221,11 @@ type lockState struct {
 	// (see machine.waiterField).
 	field      string
 	fieldOwner uint64
+	// refusedLast: the last attempt's reply from Redis here did not grant the lock
+	// (it was held elsewhere, or a direct grant was claimed): the next first attempt
+	// is not sent as fresh (scriptCall.fresh), which would likely cost a refused
+	// plain command before the script.
+	refusedLast bool
 
 	queue queue // waiters in arrival order; the head is the one that retries
 

@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/redis/rueidis"
 )
@@ -249,6 +250,10 @@ type Redis struct {
 	lone       rueidis.DedicatedClient
 	loneCancel func()
 	closed     bool
+
+	// noRestore: RunLoneFresh found RESTORE refused where the script worked, and
+	// sends the script only.
+	noRestore atomic.Bool
 }
 
 // LoneRunner is a Runner with a faster lane for a call that is alone in flight.

