@@ -889,8 +889,11 @@ func (e *Engine) doScript(call scriptCall) scriptDone {
 
 // doLone is doScript on the runner's lone lane (at most one call at a time). A
 // fresh attempt goes as the runner's plain command for a free lock, when it has
-// one (scripts.FreshRunner); sentAt is then taken before that command, which
-// may be followed by the script.
+// one (scripts.FreshRunner). When the runner answers with a command it sent
+// later (the script after that command was refused, an EVAL after NOSCRIPT),
+// sentAt is that command's send time (Reply.SentAt): a grant dated earlier could
+// look older than a ForceUnlock sent in between, whose reply would then drop it
+// as deleted (onForceDone).
 func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 	sentAt := time.Now()
 	var (
@@ -901,6 +904,9 @@ func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 		reply, err = f.RunLoneFresh(context.Background(), call.keys, call.args)
 	} else {
 		reply, err = lone.RunLone(context.Background(), call.script, call.keys, call.args)
+	}
+	if !reply.SentAt.IsZero() {
+		sentAt = reply.SentAt
 	}
 	return scriptDone{call: call, sentAt: sentAt, reply: reply, err: err}
 }

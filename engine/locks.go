@@ -18,6 +18,10 @@ const (
 	maxIdleLocks = 4096
 )
 
+// maxRefusedNames bounds machine.refusedNames. A name dropped to make room only
+// costs its next first attempt a refused RESTORE (scriptCall.fresh).
+const maxRefusedNames = 4096
+
 // lockFor returns the state of the lock name, made if there is none. An idle
 // state of the other kind (fair, plain) is replaced: the kind is checked against
 // live states only.
@@ -43,6 +47,10 @@ func (m *machine) lockFor(name string, fair bool) *lockState {
 	}
 	m.nextID++
 	l := &lockState{id: m.nextID, name: name, channel: channelName(name), renewsOut: renewsOut, renewAnswered: renewAnswered}
+	if _, ok := m.refusedNames[name]; ok {
+		l.refusedLast = true
+		delete(m.refusedNames, name)
+	}
 	regs, order := "leash_lock_reg:"+tagged(name), "leash_lock_regq:"+tagged(name)
 	l.nameKeys = []string{l.name, regs, order}
 	l.releaseKeys = []string{l.name, l.channel, regs, order}
@@ -96,10 +104,24 @@ func (m *machine) maybeForget(l *lockState) {
 	}
 }
 
-// forget drops a lock's state.
+// forget drops a lock's state. A refusal it remembers (refusedLast) is kept by
+// name, so a lock held elsewhere and tried now and then (a TryLock every few
+// seconds) does not look free to each new state.
 func (m *machine) forget(l *lockState) {
 	if l.idle {
 		m.idleLocks--
+	}
+	if l.refusedLast && l.fair == nil {
+		if m.refusedNames == nil {
+			m.refusedNames = make(map[string]struct{})
+		}
+		if len(m.refusedNames) >= maxRefusedNames {
+			for name := range m.refusedNames { // any one
+				delete(m.refusedNames, name)
+				break
+			}
+		}
+		m.refusedNames[l.name] = struct{}{}
 	}
 	m.disarmRetry(l)
 	delete(m.locks, l.name)

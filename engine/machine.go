@@ -76,8 +76,11 @@ type machine struct {
 	sweepArmed    bool
 	idleLocks     int          // lock states kept idle (see locks.go)
 	idleQueue     []*lockState // states marked idle, each once (see onForget)
-	forgetArmed   bool         // the idle states' timer is armed
-	closing       bool
+	// refusedNames: locks whose state was forgotten with refusedLast set; a new
+	// state of the name takes it up (see lockFor). At most maxRefusedNames.
+	refusedNames map[string]struct{}
+	forgetArmed  bool // the idle states' timer is armed
+	closing      bool
 	// Direct grants of the reentrant lock (see directgrant.go): this client's grant
 	// channel, its subscription, and the origin of registration stamps.
 	grantChannel  string
@@ -224,7 +227,7 @@ type lockState struct {
 	// refusedLast: the last attempt's reply from Redis here did not grant the lock
 	// (it was held elsewhere, or a direct grant was claimed): the next first attempt
 	// is not sent as fresh (scriptCall.fresh), which would likely cost a refused
-	// plain command before the script.
+	// plain command before the script. It outlives the state (refusedNames).
 	refusedLast bool
 
 	queue queue // waiters in arrival order; the head is the one that retries

@@ -6,6 +6,7 @@ import (
 	"hash/crc64"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -36,12 +37,14 @@ var _ FreshRunner = (*Redis)(nil)
 //
 // On BUSYKEY (the lock is held, or re-entered by this owner) the script runs
 // after all, on the same connection: the lock's state is then the script's to
-// judge, and the attempt took one more round trip. Any other error reply (an ACL
-// without RESTORE, a renamed command, a server that reads the payload otherwise)
-// also falls back to the script; when the script then succeeds, this Redis sends
-// no more RESTOREs, so such a server costs one refused command per client. A
-// transport error is returned as the script call's would be: whether the
-// command ran is unknown.
+// judge, and the attempt took one more round trip. The reply's SentAt is then
+// the script's send time: a grant can only have come from the script. Any other
+// error reply also falls back to the script (an ACL without RESTORE, a renamed
+// command, a server that reads the payload otherwise); when the script then
+// succeeds, this Redis sends no more RESTOREs, so such a server costs one
+// refused command per client, unless the refusal was one a server gives any
+// write now and then (see transientRefusal). A transport error is returned as
+// the script call's would be: whether the command ran is unknown.
 func (r *Redis) RunLoneFresh(ctx context.Context, keys, args []string) (Reply, error) {
 	d := r.loneConn()
 	if d == nil || r.noRestore.Load() || len(keys) != 1 || len(args) != 2 {
@@ -60,14 +63,33 @@ func (r *Redis) RunLoneFresh(ctx context.Context, keys, args []string) (Reply, e
 		r.dropLone(d)
 		return Reply{}, err
 	}
-	if strings.HasPrefix(e.Error(), "BUSYKEY") {
-		return r.RunLone(ctx, LockAcquire, keys, args)
-	}
+	scriptAt := time.Now()
 	reply, err := r.RunLone(ctx, LockAcquire, keys, args)
-	if err == nil {
+	if reply.SentAt.IsZero() {
+		reply.SentAt = scriptAt
+	}
+	if err == nil && !busyKey(e.Error()) && !transientRefusal(e.Error()) {
 		r.noRestore.Store(true)
 	}
 	return reply, err
+}
+
+// busyKey reports whether a RESTORE's error reply says the key exists: BUSYKEY
+// since Redis 3.0, "ERR Target key name is busy." before.
+func busyKey(msg string) bool {
+	return strings.HasPrefix(msg, "BUSYKEY") || strings.Contains(msg, "Target key name is busy")
+}
+
+// transientRefusal reports whether an error reply is one a server gives any
+// command for a while (a script running too long, loading, a replica, out of
+// memory, a failing disk), which says nothing about RESTORE itself.
+func transientRefusal(msg string) bool {
+	for _, p := range []string{"BUSY ", "LOADING", "READONLY", "MASTERDOWN", "OOM", "MISCONF", "TRYAGAIN", "CLUSTERDOWN", "NOREPLICAS"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
 }
 
 // dumpRDBVersion is the RDB version lockDump writes. RESTORE refuses payloads of

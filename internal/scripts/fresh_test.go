@@ -87,6 +87,11 @@ func TestRunLoneFresh(t *testing.T) {
 			if restores != 1 || busy != wantBusy || scripted != wantScripted {
 				t.Errorf("%d RESTOREs (%d refused), %d script calls; want 1 (%d refused), %d", restores, busy, scripted, wantBusy, wantScripted)
 			}
+			// A reply of the script after a refused RESTORE is dated at the
+			// script's send (Reply.SentAt); RESTORE's own reply is not re-dated.
+			if got := !rep.SentAt.IsZero(); got != (wantScripted == 1) {
+				t.Errorf("reply SentAt %v, want set only when the script answered", rep.SentAt)
+			}
 		})
 	}
 	t.Run("then the release script", func(t *testing.T) {
@@ -183,5 +188,33 @@ func TestRunLoneFreshWithoutRestore(t *testing.T) {
 func TestLockDumpCRC(t *testing.T) {
 	if got := scripts.RedisCRC64([]byte("123456789")); got != 0xe9c6d914c4b8d9ca {
 		t.Errorf("crc64(123456789) = %#x, want 0xe9c6d914c4b8d9ca", got)
+	}
+}
+
+// TestRestoreRefusals classifies RESTORE's error replies: the key exists (today's
+// BUSYKEY and Redis 2.8's text), or a refusal any write can meet for a while,
+// which must not turn RESTORE off for good.
+func TestRestoreRefusals(t *testing.T) {
+	for _, tc := range []struct {
+		msg             string
+		busy, transient bool
+	}{
+		{"BUSYKEY Target key name already exists.", true, false},
+		{"ERR Target key name is busy.", true, false},
+		{"BUSY Redis is busy running a script. You can only call SCRIPT KILL or SHUTDOWN NOSAVE.", false, true},
+		{"LOADING Redis is loading the dataset in memory", false, true},
+		{"READONLY You can't write against a read only replica.", false, true},
+		{"OOM command not allowed when used memory > 'maxmemory'.", false, true},
+		{"MISCONF Redis is configured to save RDB snapshots, but it's currently unable to persist to disk.", false, true},
+		{"NOPERM User norestore has no permissions to run the 'restore' command", false, false},
+		{"ERR unknown command 'RESTORE', with args beginning with: ", false, false},
+		{"ERR DUMP payload version or checksum are wrong", false, false},
+	} {
+		if got := scripts.BusyKey(tc.msg); got != tc.busy {
+			t.Errorf("busyKey(%q) = %v, want %v", tc.msg, got, tc.busy)
+		}
+		if got := scripts.TransientRefusal(tc.msg); got != tc.transient {
+			t.Errorf("transientRefusal(%q) = %v, want %v", tc.msg, got, tc.transient)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/rueidis"
 )
@@ -205,6 +206,12 @@ type Reply struct {
 	Nil  bool
 	Int  int64
 	Ints []int64
+	// SentAt, when set, is when the command that answered was sent, later than
+	// the call began: RunLoneFresh's script after a refused RESTORE, or RunLone's
+	// EVAL after NOSCRIPT. The call cannot have taken effect before it. It is
+	// set with an error too (the command may have run). Zero: the first command
+	// sent answered.
+	SentAt time.Time
 }
 
 // Runner runs scripts. The engine depends on this interface so its tests can use a
@@ -544,7 +551,9 @@ func (r *Redis) RunLone(ctx context.Context, id ID, keys, args []string) (Reply,
 		return r.Run(ctx, id, keys, args)
 	}
 	res := d.Do(ctx, d.B().Evalsha().Sha1(r.shas[id]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	var evalAt time.Time
 	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
+		evalAt = time.Now()
 		res = d.Do(ctx, d.B().Eval().Script(sources[id]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	}
 	out := result(res)
@@ -553,6 +562,7 @@ func (r *Redis) RunLone(ctx context.Context, id ID, keys, args []string) (Reply,
 			r.dropLone(d) // a broken connection: the next lone call takes a fresh one
 		}
 	}
+	out.Reply.SentAt = evalAt
 	return out.Reply, out.Err
 }
 
