@@ -186,9 +186,23 @@ type batchDone struct {
 
 func (batchDone) isMessage() {}
 
-// done is the scriptDone of the batch's call i.
+// done is the scriptDone of the batch's call i, dated at the batch's send, or
+// at its unit's later send after NOSCRIPT (see sentAtOf).
 func (b batchDone) done(i int) scriptDone {
-	return scriptDone{call: b.calls[i], sentAt: b.sentAt, reply: b.results[i].Reply, err: b.results[i].Err}
+	r := b.results[i]
+	return scriptDone{call: b.calls[i], sentAt: sentAtOf(r.Reply, b.sentAt), reply: r.Reply, err: r.Err}
+}
+
+// sentAtOf is when the command that answered a call was sent: reply.SentAt when
+// the runner sent a later command than the first (a script after a refused
+// RESTORE, a retry after NOSCRIPT), otherwise sentAt, the call's first send. A
+// grant dated at the first send could look older than a ForceUnlock sent in
+// between, whose reply would then end it as deleted (onForceDone).
+func sentAtOf(reply scripts.Reply, sentAt time.Time) time.Time {
+	if !reply.SentAt.IsZero() {
+		return reply.SentAt
+	}
+	return sentAt
 }
 
 // New starts an engine.
@@ -884,16 +898,13 @@ func (e *Engine) runScript(call scriptCall) {
 func (e *Engine) doScript(call scriptCall) scriptDone {
 	sentAt := time.Now()
 	reply, err := e.runner.Run(context.Background(), call.script, call.keys, call.args)
-	return scriptDone{call: call, sentAt: sentAt, reply: reply, err: err}
+	return scriptDone{call: call, sentAt: sentAtOf(reply, sentAt), reply: reply, err: err}
 }
 
 // doLone is doScript on the runner's lone lane (at most one call at a time). A
 // fresh attempt goes as the runner's plain command for a free lock, when it has
-// one (scripts.FreshRunner). When the runner answers with a command it sent
-// later (the script after that command was refused, an EVAL after NOSCRIPT),
-// sentAt is that command's send time (Reply.SentAt): a grant dated earlier could
-// look older than a ForceUnlock sent in between, whose reply would then drop it
-// as deleted (onForceDone).
+// one (scripts.FreshRunner); if that is refused, the script answers, dated at
+// its own send (sentAtOf).
 func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 	sentAt := time.Now()
 	var (
@@ -905,10 +916,7 @@ func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 	} else {
 		reply, err = lone.RunLone(context.Background(), call.script, call.keys, call.args)
 	}
-	if !reply.SentAt.IsZero() {
-		sentAt = reply.SentAt
-	}
-	return scriptDone{call: call, sentAt: sentAt, reply: reply, err: err}
+	return scriptDone{call: call, sentAt: sentAtOf(reply, sentAt), reply: reply, err: err}
 }
 
 // doBatch is doScript for many calls at once, calls being the batch's calls as

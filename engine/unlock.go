@@ -208,18 +208,22 @@ func (m *machine) onForceDone(d scriptDone, now time.Time) {
 		d.call.force.Complete(forceResult{err: d.err})
 	} else {
 		if l != nil {
-			// Holds granted before the force-release was sent are its victims. One
-			// granted by a call sent after it may be too, when it found the lock
-			// held: calls on different connections need not run in the order they
+			// When it found the lock held, holds granted before the force-release
+			// was sent are its victims. One granted by a call sent after it may be
+			// too: calls on different connections need not run in the order they
 			// were sent. Or it may not (the force-release's own unlock message may
 			// have woken a waiter that got the lock since): checkForced asks. So
 			// does addHold for a grant whose call was in flight at this reply.
+			// When it found no lock it deleted nothing: a hold granted before its
+			// send either ran after it (sent on another connection) and stands, or
+			// was gone before it (its lease ran out); checkForced asks.
 			existed := d.reply.Int == 1
 			for _, h := range slices.Clone(l.holders) {
 				switch {
-				case !h.grantedAt.After(d.sentAt):
+				case existed && !h.grantedAt.After(d.sentAt):
 					m.loseHold(h, false)
-				case existed && !h.provisional:
+				case h.provisional:
+				case existed || !h.grantedAt.After(d.sentAt):
 					m.checkForced(h)
 				}
 			}

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/rueidis"
 
@@ -216,5 +217,44 @@ func TestRestoreRefusals(t *testing.T) {
 		if got := scripts.TransientRefusal(tc.msg); got != tc.transient {
 			t.Errorf("transientRefusal(%q) = %v, want %v", tc.msg, got, tc.transient)
 		}
+	}
+}
+
+// TestReplySentAt: a reply answered by a command sent after the call began (an
+// EVAL after NOSCRIPT, a batch's unit sent again) carries that send time; one
+// answered by the first command sent carries none.
+func TestReplySentAt(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	acquire := func(key string) scripts.Call {
+		return scripts.Call{ID: scripts.LockAcquire, Keys: []string{key}, Args: []string{strconv.Itoa(lease), "c:1"}}
+	}
+	check := func(what string, began time.Time, rep scripts.Reply, err error, resent bool) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if got := !rep.SentAt.IsZero(); got != resent || (resent && rep.SentAt.Before(began)) {
+			t.Errorf("%s: SentAt %v (call began %v), want it set: %v", what, rep.SentAt, began, resent)
+		}
+	}
+	for _, lane := range []struct {
+		name string
+		run  func(c scripts.Call) (scripts.Reply, error)
+	}{
+		{"Run", func(c scripts.Call) (scripts.Reply, error) { return e.r.Run(ctxT(t), c.ID, c.Keys, c.Args) }},
+		{"RunLone", func(c scripts.Call) (scripts.Reply, error) { return e.r.RunLone(ctxT(t), c.ID, c.Keys, c.Args) }},
+		{"RunBatch", func(c scripts.Call) (scripts.Reply, error) {
+			res := e.r.RunBatch(ctxT(t), []scripts.Call{c}, nil)
+			return res[0].Reply, res[0].Err
+		}},
+	} {
+		e.do(t, "SCRIPT", "FLUSH")
+		began := time.Now()
+		rep, err := lane.run(acquire("sent-" + lane.name))
+		check(lane.name+" after SCRIPT FLUSH", began, rep, err, true)
+		began = time.Now()
+		rep, err = lane.run(acquire("sent-" + lane.name))
+		check(lane.name+" with the script loaded", began, rep, err, false)
 	}
 }

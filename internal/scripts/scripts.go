@@ -207,10 +207,11 @@ type Reply struct {
 	Int  int64
 	Ints []int64
 	// SentAt, when set, is when the command that answered was sent, later than
-	// the call began: RunLoneFresh's script after a refused RESTORE, or RunLone's
-	// EVAL after NOSCRIPT. The call cannot have taken effect before it. It is
-	// set with an error too (the command may have run). Zero: the first command
-	// sent answered.
+	// the call began: RunLoneFresh's script after a refused RESTORE, an EVAL after
+	// NOSCRIPT (Run, RunLone), a batch's unit sent again after NOSCRIPT
+	// (RunBatch). The call cannot have taken effect before it. It is set with an
+	// error too (the command may have run). Zero: the first command sent
+	// answered.
 	SentAt time.Time
 }
 
@@ -247,7 +248,6 @@ type BatchRunner interface {
 // Redis runs the scripts on a rueidis client.
 type Redis struct {
 	client   rueidis.Client
-	scripts  [numScripts]*rueidis.Lua
 	shas     [numScripts]string
 	multiSHA string
 
@@ -279,7 +279,6 @@ var _ BatchRunner = (*Redis)(nil)
 func NewRedis(client rueidis.Client) *Redis {
 	r := &Redis{client: client}
 	for i, src := range sources {
-		r.scripts[i] = rueidis.NewLuaScript(src)
 		sum := sha1.Sum([]byte(src))
 		r.shas[i] = hex.EncodeToString(sum[:])
 	}
@@ -393,12 +392,17 @@ func (r *Redis) retryMissed(ctx context.Context, units [][]Call, missed []int, r
 		cmds = append(cmds, r.command(units[i]))
 	}
 	var still []int // met NOSCRIPT again: flushed between the load and the send
+	resentAt := time.Now()
 	for j, res := range r.client.DoMulti(ctx, cmds...) {
 		if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() && tries < maxNoScriptTries {
 			still = append(still, again[j])
 			continue
 		}
-		unitResults(results[again[j]], units[again[j]], res)
+		out := results[again[j]]
+		unitResults(out, units[again[j]], res)
+		for k := range out {
+			out[k].Reply.SentAt = resentAt // nothing of the unit ran before (see Reply.SentAt)
+		}
 	}
 	if len(still) > 0 {
 		r.retryMissed(ctx, units, still, results, tries+1)
@@ -550,19 +554,12 @@ func (r *Redis) RunLone(ctx context.Context, id ID, keys, args []string) (Reply,
 	if d == nil {
 		return r.Run(ctx, id, keys, args)
 	}
-	res := d.Do(ctx, d.B().Evalsha().Sha1(r.shas[id]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-	var evalAt time.Time
-	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
-		evalAt = time.Now()
-		res = d.Do(ctx, d.B().Eval().Script(sources[id]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
-	}
-	out := result(res)
+	out := r.eval(ctx, d, id, keys, args)
 	if out.Err != nil {
 		if _, isReply := rueidis.IsRedisErr(out.Err); !isReply {
 			r.dropLone(d) // a broken connection: the next lone call takes a fresh one
 		}
 	}
-	out.Reply.SentAt = evalAt
 	return out.Reply, out.Err
 }
 
@@ -612,14 +609,30 @@ func (r *Redis) endLone(closeConn bool) {
 
 // Run implements Runner.
 func (r *Redis) Run(ctx context.Context, id ID, keys, args []string) (Reply, error) {
-	msg, err := r.scripts[id].Exec(ctx, r.client, keys, args).ToMessage()
-	if err != nil {
-		if rueidis.IsRedisNil(err) {
-			return Reply{Nil: true}, nil
-		}
-		return Reply{}, err
+	out := r.eval(ctx, r.client, id, keys, args)
+	return out.Reply, out.Err
+}
+
+// doer is what eval needs of a connection: the shared client or RunLone's
+// dedicated one.
+type doer interface {
+	B() rueidis.Builder
+	Do(ctx context.Context, cmd rueidis.Completed) rueidis.RedisResult
+}
+
+// eval runs script id on c by its SHA, and sends its text (EVAL) when the server
+// answers NOSCRIPT. The reply's SentAt is then the EVAL's send time: nothing ran
+// before it (see Reply.SentAt).
+func (r *Redis) eval(ctx context.Context, c doer, id ID, keys, args []string) Result {
+	res := c.Do(ctx, c.B().Evalsha().Sha1(r.shas[id]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
+	var evalAt time.Time
+	if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
+		evalAt = time.Now()
+		res = c.Do(ctx, c.B().Eval().Script(sources[id]).Numkeys(int64(len(keys))).Key(keys...).Arg(args...).Build())
 	}
-	return decode(msg)
+	out := result(res)
+	out.Reply.SentAt = evalAt
+	return out
 }
 
 func decode(msg rueidis.RedisMessage) (Reply, error) {
