@@ -301,6 +301,23 @@ func (m *machine) runLeave(l *lockState, id uint64, reg string) {
 	})
 }
 
+// dropRegistration sends a lock_leave for whatever registration of this client's
+// may be left on l, whose last waiter is gone: a release that would have dropped
+// it failed, a hold ended without one (lost, given back), or a waiter left whose
+// registration another had replaced. Like every lock_leave it is sent until it
+// runs (retryLeaveLater). It names no waiter ("*") and no grant field (""), so
+// it only drops the registration.
+func (m *machine) dropRegistration(l *lockState) {
+	l.mayBeRegistered = false
+	m.run(scriptCall{
+		script:  scripts.LockLeave,
+		keys:    l.releaseKeys,
+		args:    []string{m.cfg.clientID, "*", "", unlockMessage, selfListens(l), ""},
+		purpose: purposeAbandon,
+		lock:    l.id,
+	})
+}
+
 // onRegisteredAttempt reads the reply of w's attempt that carried a registration
 // (see onAttemptDone): claimed is lock_acquire's -3. It reports whether w took a
 // grant.

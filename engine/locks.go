@@ -85,6 +85,14 @@ func (m *machine) maybeForget(l *lockState) {
 	if !unused(l) || l.idle {
 		return
 	}
+	if l.mayBeRegistered && l.fair == nil && !m.closing {
+		// A registration of this client's may be left in Redis with nobody here
+		// to drop it (a release carries the drop when the last waiter is gone):
+		// each release would grant to it and this client give the grant back,
+		// until it expired. The state stays until the leave has run.
+		m.dropRegistration(l)
+		return
+	}
 	m.disarmRetry(l)
 	l.backoff = 0 // as a fresh state's
 	l.idle = true

@@ -108,9 +108,13 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 	case d.err != nil:
 		// Tried twice: whether it ran is unknown, so the hold counts as lost (not
 		// renewed, its Lost closed) and its field is released owner-guarded once
-		// more; at worst the lock ends with its lease.
+		// more; at worst the lock ends with its lease. Whether it dropped this
+		// client's registration is unknown too: it may still be there.
 		if h != nil {
 			m.loseHold(h, true)
+		}
+		if l != nil && l.fair == nil && len(d.call.args) > 5 && d.call.args[5] == "1" {
+			l.mayBeRegistered = true
 		}
 		d.call.unlock.Complete(d.err)
 	case d.reply.Nil && d.call.retried && !d.call.firstUnrun:

@@ -7,14 +7,19 @@
 -- KEYS[3]  the registrations hash
 -- KEYS[4]  the registration order list
 -- ARGV[1]  the caller's client id
--- ARGV[2]  the gone waiter's id
+-- ARGV[2]  the gone waiter's id; "*": whatever waiter the caller's registration
+--          names (the caller has no waiter left on the lock)
 -- ARGV[3]  the gone waiter's grant field
 -- ARGV[4]  unlock message ("0")
 -- ARGV[5]  "1" when the caller listens on the unlock channel
 -- ARGV[6]  a registration to write in the caller's name instead (its next waiter),
 --          "" for none
 -- Reply: 1 when a grant went back and freed the lock; 0 otherwise.
-deregister_waiter(KEYS[3], KEYS[4], ARGV[1], ARGV[2])
+if ARGV[2] == '*' then
+    deregister(KEYS[3], KEYS[4], ARGV[1])
+else
+    deregister_waiter(KEYS[3], KEYS[4], ARGV[1], ARGV[2])
+end
 if ARGV[6] ~= '' then
     register(KEYS[3], KEYS[4], ARGV[1], ARGV[6])
 end

@@ -213,5 +213,13 @@ func TestDirectGrantScripts(t *testing.T) {
 			t.Errorf("registration after the leave %q, want the next waiter's %q", got, reg(g.cliB, 4))
 		}
 		g.wantHash(t, g.key, "x:1=1")
+		// A leave naming no waiter ("*") drops the caller's registration whatever
+		// waiter it names, and nothing else: not another client's, not the lock.
+		g.register(t, g.clientA, 5)
+		wantReply(t, "lock_leave", g.run(t, scripts.LockLeave, g.keys4, g.cliB, "*", "", unlockMsg, "0", ""), "0")
+		g.wantRegs(t, g.clientA)
+		g.wantHash(t, g.key, "x:1=1")
+		wantReply(t, "lock_leave", g.run(t, scripts.LockLeave, g.keys4, g.cliB, "*", "", unlockMsg, "0", ""), "0")
+		g.wantRegs(t, g.clientA)
 	})
 }
