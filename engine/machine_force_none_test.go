@@ -14,13 +14,7 @@ import (
 // victim: it stands (a check may ask Redis, which answers that it is held).
 func TestMachineForceThatFoundNothingSparesEarlierGrant(t *testing.T) {
 	h := newMH(t)
-	a := h.acquire("L", 1, time.Minute, -1)
-	ac := h.take().one(t, scripts.LockAcquire)
-	aSent := h.now
-	h.now = h.now.Add(time.Millisecond)
-	f := newForce(h, "L")
-	fSent := h.now
-	h.now = h.now.Add(time.Millisecond)
+	a, ac, aSent, f, fSent := acquireThenForce(t, h)
 	h.replyAt(ac, aSent, replyNil, nil)
 	mustGranted(t, "A", a.future)
 	lost := h.hold("L", 1).lostSignal().C()

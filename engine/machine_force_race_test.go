@@ -71,17 +71,26 @@ func TestMachineForceAfterLaterGrantChecksIt(t *testing.T) {
 	}
 }
 
+// acquireThenForce sends owner 1's Lock A on the free lock "L", then, a
+// millisecond later, a ForceUnlock F; it returns A's waiter and call and F's call,
+// with their send times.
+func acquireThenForce(t *testing.T, h *mh) (a *tw, ac scriptCall, aSent time.Time, f scriptCall, fSent time.Time) {
+	t.Helper()
+	a = h.acquire("L", 1, time.Minute, -1)
+	ac = h.take().one(t, scripts.LockAcquire)
+	aSent = h.now
+	h.now = h.now.Add(time.Millisecond)
+	f = newForce(h, "L")
+	fSent = h.now
+	h.now = h.now.Add(time.Millisecond)
+	return a, ac, aSent, f, fSent
+}
+
 // The same with A's reply coming after F's: F's reply finds no hold to check, and
 // the grant, whose call was sent before F's reply came, is checked when it comes.
 func TestMachineForceWhileGrantInFlightChecksIt(t *testing.T) {
 	h := newMH(t)
-	a := h.acquire("L", 1, time.Minute, -1)
-	ac := h.take().one(t, scripts.LockAcquire)
-	aSent := h.now
-	h.now = h.now.Add(time.Millisecond)
-	f := newForce(h, "L")
-	fSent := h.now
-	h.now = h.now.Add(time.Millisecond)
+	a, ac, aSent, f, fSent := acquireThenForce(t, h)
 	h.replyAt(f, fSent, replyInt(1), nil) // ran after A: deleted A's hold
 	h.take()
 	h.now = h.now.Add(time.Millisecond)

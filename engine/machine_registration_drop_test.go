@@ -4,6 +4,7 @@ import (
 	"slices"
 	"testing"
 
+	"github.com/leash-go/leash/futures"
 	"github.com/leash-go/leash/internal/scripts"
 )
 
@@ -14,14 +15,21 @@ import (
 // so no release elsewhere keeps granting to a waiter that is gone (which this
 // client would give back, each time, until the registration expired).
 
-func TestMachineRegistrationDroppedAfterFailedRelease(t *testing.T) {
+// releaseOfRegistered makes owner 1 hold "L" after registering for direct grants,
+// then unlocks it, and returns the release call and the Unlock's future.
+func releaseOfRegistered(t *testing.T) (*mh, scriptCall, *futures.Future[error]) {
+	t.Helper()
 	h := withGrants(t)
 	w, att := h.registeredWaiter(t, "L", 1)
 	h.reply(att, replyNil, nil)
 	h.take()
 	mustGranted(t, "registered waiter", w.future)
-
 	call, f := h.unlockCall(t, "L", 1, scripts.LockRelease)
+	return h, call, f
+}
+
+func TestMachineRegistrationDroppedAfterFailedRelease(t *testing.T) {
+	h, call, f := releaseOfRegistered(t)
 	if len(call.args) < 6 || call.args[5] != "1" {
 		t.Fatalf("release args %q, want the registration dropped (ARGV[6] = 1)", call.args)
 	}
@@ -67,12 +75,7 @@ func TestMachineRegistrationDroppedAfterFailedRelease(t *testing.T) {
 // An ordinary release of the last waiter's hold drops the registration itself:
 // no leave follows.
 func TestMachineRegistrationDroppedByRelease(t *testing.T) {
-	h := withGrants(t)
-	w, att := h.registeredWaiter(t, "L", 1)
-	h.reply(att, replyNil, nil)
-	h.take()
-	mustGranted(t, "registered waiter", w.future)
-	call, f := h.unlockCall(t, "L", 1, scripts.LockRelease)
+	h, call, f := releaseOfRegistered(t)
 	h.reply(call, replyInt(1), nil)
 	mustGranted(t, "unlock", f)
 	if s := h.take(); len(s.scripts) != 0 {
