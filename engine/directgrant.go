@@ -279,6 +279,14 @@ func (m *machine) leaveRegistration(w *waiter) {
 		// the previous head's, sets the retry (see park).
 		m.park(l, m.leaseOf(n.lease), m.now)
 	}
+	if reg == "" && l.queue.len == 0 {
+		// No local waiter is left: the leave drops whatever registration is this
+		// client's, which another waiter's may have replaced, so that none stays
+		// for dropRegistration to find.
+		l.mayBeRegistered = false
+		m.sendLeave(l, w.id, "*", reg)
+		return
+	}
 	m.runLeave(l, w.id, reg)
 }
 
@@ -287,15 +295,20 @@ func (m *machine) leaveRegistration(w *waiter) {
 // the leave is answered: its attempt could otherwise claim the grant just before
 // the leave deletes it (see onLeaveRegDone).
 func (m *machine) runLeave(l *lockState, id uint64, reg string) {
+	m.sendLeave(l, id, strconv.FormatUint(id, 10), reg)
+}
+
+// sendLeave is runLeave with the waiter lock_leave names as registered: id, or
+// "*" for any waiter of this client's. The grant given back is id's.
+func (m *machine) sendLeave(l *lockState, id uint64, named, reg string) {
 	if w := m.waiters[id]; w != nil {
 		w.leaving++
 	}
 	m.run(scriptCall{
-		waiter: id,
-		script: scripts.LockLeave,
-		keys:   l.releaseKeys,
-		args: []string{m.cfg.clientID, strconv.FormatUint(id, 10), m.grantFieldOf(id), unlockMessage,
-			selfListens(l), reg},
+		waiter:  id,
+		script:  scripts.LockLeave,
+		keys:    l.releaseKeys,
+		args:    []string{m.cfg.clientID, named, m.grantFieldOf(id), unlockMessage, selfListens(l), reg},
 		purpose: purposeAbandon,
 		lock:    l.id,
 	})

@@ -3,9 +3,11 @@ package engine
 import (
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/leash-go/leash/futures"
 	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
 )
 
 // A registration of this client's for direct grants is dropped by the release
@@ -41,24 +43,11 @@ func TestMachineRegistrationDroppedAfterFailedRelease(t *testing.T) {
 	// The lost hold's owner-guarded release and the lock's unsubscription (a
 	// registered client leaves the channel at once), then the registration's
 	// leave once nothing else is in flight.
-	h.reply(h.take().one(t, scripts.LockReleaseOwner), replyInt(-1), nil)
-	var leave *scriptCall
-	for i := range 2 {
-		if i == 1 {
-			h.m.handle(unsubscribeDone{lock: h.lockID("L")}, h.now)
-		}
-		for _, c := range h.take().scripts {
-			if c.script == scripts.LockLeave {
-				leave = &c
-			}
-		}
-		if leave != nil {
-			break
-		}
+	leaves := h.collectLeaves(t, "L")
+	if len(leaves) != 1 {
+		t.Fatalf("%d lock_leaves after the failed release, want 1: the registration may stay until it expires", len(leaves))
 	}
-	if leave == nil {
-		t.Fatal("no lock_leave after the failed release: the registration may stay until it expires")
-	}
+	leave := &leaves[0]
 	if want := []string{"cid", "*", ""}; !slices.Equal(leave.args[:3], want) {
 		t.Errorf("lock_leave args %q, want %q first (this client, any waiter, no grant field)", leave.args, want)
 	}
@@ -80,5 +69,80 @@ func TestMachineRegistrationDroppedByRelease(t *testing.T) {
 	mustGranted(t, "unlock", f)
 	if s := h.take(); len(s.scripts) != 0 {
 		t.Errorf("calls after a release that dropped the registration: %v", s)
+	}
+}
+
+// collectLeaves drives lock through its unsubscription and returns the
+// lock_leave calls made on the way, answering owner-guarded releases.
+func (h *mh) collectLeaves(t *testing.T, lock string) []scriptCall {
+	t.Helper()
+	var leaves []scriptCall
+	for i := range 3 {
+		if i == 1 {
+			if l := h.m.locks[lock]; l != nil && l.sub == subUnsubscribing {
+				h.m.handle(unsubscribeDone{lock: l.id}, h.now)
+			}
+		}
+		for _, c := range h.take().scripts {
+			switch c.script {
+			case scripts.LockLeave:
+				leaves = append(leaves, c)
+			case scripts.LockReleaseOwner:
+				h.reply(c, replyInt(-1), nil)
+			}
+		}
+	}
+	return leaves
+}
+
+// The last local registered waiter gives up: its own leave drops whatever
+// registration is this client's ("*"), and no second leave follows.
+func TestMachineLastRegisteredWaiterLeavesOnce(t *testing.T) {
+	h := withGrants(t)
+	w, att := h.registeredWaiter(t, "L", 1)
+	h.reply(att, replyPTTL(30*time.Second), nil)
+	h.take()
+	h.cancelCtx(w)
+	leave := h.take().one(t, scripts.LockLeave)
+	if leave.args[1] != "*" || leave.args[2] != h.m.grantFieldOf(w.id) {
+		t.Errorf("leave args %q, want any waiter's registration (*) and the waiter's grant field", leave.args)
+	}
+	h.reply(leave, replyInt(0), nil)
+	if more := h.collectLeaves(t, "L"); len(more) != 0 {
+		t.Fatalf("waiter's own leave %q, then %d more: %q", leave.args, len(more), more[0].args)
+	}
+}
+
+// A "*" leave put off after transport errors is not sent once a new local
+// waiter has come (and may have registered): it would delete that registration.
+// The registration then goes with the new waiter's last release or leave.
+func TestMachineStaleStarLeaveNotResent(t *testing.T) {
+	h, call, f := releaseOfRegistered(t)
+	h.reply(call, scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.LockRelease), scripts.Reply{}, errConn)
+	mustGet(t, "unlock", f)
+	leaves := h.collectLeaves(t, "L")
+	if len(leaves) != 1 || leaves[0].args[1] != "*" {
+		t.Fatalf("leaves %v, want one '*'", leaves)
+	}
+	h.reply(leaves[0], scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.LockLeave), scripts.Reply{}, errConn) // its one quick retry
+	s := h.take()
+	ops := s.armed(kindLeaveRetry)
+	if len(ops) != 1 {
+		t.Fatalf("want a leave retry armed: %v", s)
+	}
+	w2, att2 := h.registeredWaiter(t, "L", 2)
+	h.reply(att2, replyPTTL(30*time.Second), nil)
+	h.take()
+	mustPending(t, "new waiter", w2.future)
+	h.fire(timer.Key{Kind: kindLeaveRetry, ID: ops[0].key.ID})
+	for _, c := range h.take().scripts {
+		if c.script == scripts.LockLeave && c.args[1] == "*" {
+			t.Fatalf("stale '*' leave %q sent while waiter %d is registered", c.args, w2.id)
+		}
+	}
+	if l := h.m.locks["L"]; l == nil || !l.mayBeRegistered {
+		t.Error("the registration is not marked to go with the new waiter's release")
 	}
 }

@@ -9,7 +9,7 @@
 -- ARGV[4]  optional: the caller's client id
 -- ARGV[5]  optional: "1" when the caller listens on the unlock channel
 -- ARGV[6]  optional: "1" when the caller may be registered and has no waiter left
---          (its registration goes)
+--          (its registration goes, whatever the reply)
 -- ARGV[7]  optional: the count the caller expects the owner to keep (its holds
 --          less this one); when the count is that or less already, the release has
 --          run (a retry whose first try's reply was lost), and the reply is 0 with
@@ -25,6 +25,12 @@
 -- The count is read first (Redisson's unlock checks HEXISTS, then decrements): the
 -- last hold's release, the common case, then needs no write but the DEL. Any other
 -- value takes Redisson's path, HINCRBY and all (and its error on a non-integer).
+-- The caller's registration goes first, whatever the count says: the caller has
+-- no waiter left (a release that keeps a count, or finds the field gone, would
+-- otherwise leave it with nothing to drop it later).
+if KEYS[3] ~= nil and ARGV[4] ~= nil and ARGV[6] == '1' then
+    deregister(KEYS[3], KEYS[4], ARGV[4])
+end
 local count = redis.call('hget', KEYS[1], ARGV[3])
 if not count then
     return nil
@@ -41,9 +47,6 @@ if count ~= '1' and redis.call('hincrby', KEYS[1], ARGV[3], -1) > 0 then
 end
 redis.call('del', KEYS[1])
 if KEYS[3] ~= nil and ARGV[4] ~= nil then
-    if ARGV[6] == '1' then
-        deregister(KEYS[3], KEYS[4], ARGV[4])
-    end
     -- A registered waiter listens on the channel (one whose subscription is still
     -- on its way retries once it is made), so with no listener at all there is
     -- nobody to grant to, and nobody to publish to either. (The caller's own
