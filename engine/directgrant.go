@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -329,6 +330,38 @@ func (m *machine) dropRegistration(l *lockState) {
 		purpose: purposeAbandon,
 		lock:    l.id,
 	})
+}
+
+// withoutStaleDrop readies a call sent again (retryOnce, onLeaveRetry) that
+// drops this client's registration whatever waiter it names: a release's drop
+// (lock_release's ARGV[6]) or a "*" leave. When local waiters came since its
+// first send, one may be registered now, and the drop would delete that
+// registration (its waiter, still listening, would be woken by the unlock
+// message instead of granted, until it registered again). The release then goes
+// without the drop, a leave that gives back a gone waiter's grant names that
+// waiter, and the registration goes with the new waiters' last release or leave.
+// It reports false for a leave that only dropped the registration
+// (dropRegistration), which is then not sent.
+func (m *machine) withoutStaleDrop(call *scriptCall) bool {
+	l := m.lockByID[call.lock]
+	if l == nil || l.fair != nil || (l.queue.len == 0 && !l.mayBeRegistered) {
+		return true
+	}
+	switch {
+	case call.script == scripts.LockRelease && len(call.args) > 5 && call.args[5] == "1":
+		call.args = slices.Clone(call.args)
+		call.args[5] = "0"
+	case call.script == scripts.LockLeave && call.args[1] == "*" && call.waiter == 0:
+		l.mayBeRegistered = true
+		return false
+	case call.script == scripts.LockLeave && call.args[1] == "*":
+		call.args = slices.Clone(call.args)
+		call.args[1] = strconv.FormatUint(call.waiter, 10)
+	default:
+		return true
+	}
+	l.mayBeRegistered = true
+	return true
 }
 
 // onRegisteredAttempt reads the reply of w's attempt that carried a registration

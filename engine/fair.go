@@ -599,20 +599,11 @@ func (m *machine) onLeaveRetry(id uint64) {
 	if l != nil {
 		l.inflight-- // run counts it again
 	}
-	call.args = slices.Clone(call.args)
-	if call.script == scripts.LockLeave && call.args[1] == "*" && l != nil && (l.queue.len > 0 || l.mayBeRegistered) {
-		// A leave of whatever registration is this client's, put off, and local
-		// waiters came since: one may be registered now, and its registration
-		// goes with their last release or leave instead. A leave that only
-		// dropped the registration (dropRegistration) goes no more; one that
-		// gives back a gone waiter's grant still goes, naming that waiter.
-		l.mayBeRegistered = true
-		if call.waiter == 0 {
-			m.maybeForget(l)
-			return
-		}
-		call.args[1] = strconv.FormatUint(call.waiter, 10)
+	if !m.withoutStaleDrop(&call) {
+		m.maybeForget(l)
+		return
 	}
+	call.args = slices.Clone(call.args)
 	if call.script == scripts.LockLeave {
 		// Its registration of the next waiter (ARGV[6]) would be stale by now, and
 		// that waiter may be gone: its attempts register it again.

@@ -532,6 +532,9 @@ func (m *machine) retryOnce(d scriptDone) bool {
 		retry.args = slices.Clone(retry.args)
 		retry.args[6] = "1"
 	}
+	if !m.withoutStaleDrop(&retry) {
+		return false // a leave that only dropped a registration: retryLeaveLater puts it off
+	}
 	m.run(retry)
 	return true
 }

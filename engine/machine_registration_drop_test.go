@@ -146,3 +146,85 @@ func TestMachineStaleStarLeaveNotResent(t *testing.T) {
 		t.Error("the registration is not marked to go with the new waiter's release")
 	}
 }
+
+// A release carrying the registration drop (ARGV[6] "1") whose first try fails in
+// transit is sent again (retryOnce). Meanwhile a new local waiter may have
+// registered (woken by its subscription, refused, registered by its next
+// attempt): the retry goes without the drop, which lock_release would run first,
+// whatever it finds, deleting the live waiter's registration.
+func TestMachineRetriedReleaseKeepsNewWaitersRegistration(t *testing.T) {
+	h, call, f := releaseOfRegistered(t)
+	if call.args[5] != "1" {
+		t.Fatalf("setup: release args %q, want the drop", call.args)
+	}
+	l := h.lock("L")
+	// A new waiter of another owner comes while the release is in flight.
+	w2 := h.acquire("L", 2, 0, -1)
+	h.take()
+	if l.sub == subUnsubscribing {
+		h.m.handle(unsubscribeDone{lock: l.id}, h.now)
+		h.take()
+	}
+	// Its subscription wakes the head (the first try may have run, its unlock
+	// message unheard); that first attempt is refused (another client took the
+	// lock).
+	h.subscribed("L")
+	att := h.take().one(t, scripts.LockAcquire)
+	if len(att.args) != 2 {
+		t.Fatalf("setup: first attempt args %q", att.args)
+	}
+	h.reply(att, replyPTTL(30*time.Second), nil)
+	h.take()
+	// That client releases: the next attempt registers, and is refused.
+	h.notice("L")
+	s := h.take()
+	att2 := s.one(t, scripts.LockAcquire)
+	if len(att2.args) != 5 {
+		t.Fatalf("setup: second attempt args %q, want a registration", att2.args)
+	}
+	h.reply(att2, replyPTTL(30*time.Second), nil)
+	h.take()
+	mustPending(t, "registered waiter", w2.future)
+	if !h.m.waiters[w2.id].registered {
+		t.Fatal("setup: waiter not registered")
+	}
+	// Now the first try of the release fails in transit; it is sent again.
+	h.reply(call, scripts.Reply{}, errConn)
+	retry := h.take().one(t, scripts.LockRelease)
+	if len(retry.args) > 5 && retry.args[5] == "1" {
+		t.Errorf("release retried with the registration drop (args %q) while waiter %d is queued and registered: "+
+			"lock_release drops its registration first, whatever it finds", retry.args, w2.id)
+	}
+	h.reply(retry, scripts.Reply{Nil: true}, nil)
+	mustGet(t, "unlock", f)
+	h.take()
+	if !l.mayBeRegistered {
+		t.Error("the registration is not marked to go with the new waiter's release")
+	}
+}
+
+// The same for a "*" leave's quick retry (retryOnce sends every lock_leave once
+// more straight after its first transport error), as for its later ones
+// (TestMachineStaleStarLeaveNotResent).
+func TestMachineStarLeaveQuickRetryKeepsNewRegistration(t *testing.T) {
+	h, call, f := releaseOfRegistered(t)
+	h.reply(call, scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.LockRelease), scripts.Reply{}, errConn)
+	mustGet(t, "unlock", f)
+	leaves := h.collectLeaves(t, "L")
+	if len(leaves) != 1 || leaves[0].args[1] != "*" {
+		t.Fatalf("setup: leaves %v, want one '*'", leaves)
+	}
+	// While the drop is in flight a new waiter comes and registers.
+	w2, att2 := h.registeredWaiter(t, "L", 2)
+	h.reply(att2, replyPTTL(30*time.Second), nil)
+	h.take()
+	mustPending(t, "new waiter", w2.future)
+	// The drop's first try fails in transit: retryOnce sends it again at once.
+	h.reply(leaves[0], scripts.Reply{}, errConn)
+	for _, c := range h.take().scripts {
+		if c.script == scripts.LockLeave && c.args[1] == "*" {
+			t.Errorf("'*' leave %q sent again while waiter %d is queued and registered", c.args, w2.id)
+		}
+	}
+}
