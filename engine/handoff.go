@@ -463,9 +463,15 @@ func (m *machine) runCleanup(c abandonMsg) {
 		m.fairLeaveOwner(l, c.owner, c.field)
 		return
 	}
-	if h := m.holds[holdKey{l.id, c.owner}]; c.afterLoss && h != nil && h.field == c.field {
-		// The call it waited for took the lost hold's field again (see
-		// releaseLost): releasing it would end that hold.
+	if h := m.holds[holdKey{l.id, c.owner}]; (c.afterLoss || c.drop == 0 && c.relayed == nil) && h != nil && h.field == c.field {
+		// The call it waited for took the field again (a lost hold's, see
+		// releaseLost; or a taken-back grant's whose last count went whole, see
+		// releaseOne, when a re-entry of another goroutine sharing the handle was
+		// in flight): releasing the whole field would end that hold. Every
+		// whole-field cleanup is of a hold that has ended here, so a hold found
+		// under its field is a newer one; what it would have released goes at that
+		// hold's last Unlock (see dropSurplus). (A relay's release, which
+		// answers its Unlocks, goes as before.)
 		h.maySurplus = true
 		return
 	}
