@@ -1,0 +1,455 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/leash-go/leash/futures"
+	"github.com/leash-go/leash/internal/scripts"
+	"github.com/leash-go/leash/timer"
+)
+
+// A seeded random simulation of one client's machine on one plain lock, with the
+// scripts run on memRedis: six goroutines share three handles in pairs and
+// Lock, Lock with a long wait, TryLock, Acquire and walk away, re-enter and
+// Unlock; the server runs their calls in any order, and answers them in any
+// order; a reply may be lost to a transport error whether or not its call ran;
+// unlock messages come late; timers fire as the fake clock moves.
+//
+// After every step it checks the one thing a goroutine inside relies on: each
+// hold some goroutine counts on (granted, received, not yet unlocked) is still
+// the owner's hold with at least that count, and the server has its field, unless
+// its Lost has closed, a call of its owner ran and the engine has not heard its
+// reply yet, or it is an early grant (provisional: it runs under the releasing
+// owner's field until the handoff's reply). An Unlock of a shared handle
+// releases whatever hold the handle has when it arrives (documented on
+// Mutex.Unlock): a goroutine whose own hold was lost can release its partner's,
+// and such a hold counts on nothing afterwards.
+//
+// It found a walked-away grant's whole-field give-back, parked behind a re-entry
+// of the same handle, deleting the re-entry's new hold on the server (seed 164;
+// see runCleanup). LEASH_SIM_SEEDS (a count) and LEASH_SIM_FIRST (the first
+// seed) run more of them.
+
+// simSeeds is how many seeds a default run tries: about 5 s under -race here.
+const simSeeds = 600
+
+// simSteps is the length of one seed's run.
+const simSteps = 400
+
+// simCall is a script call the engine sent, run or not yet run on the server.
+type simCall struct {
+	c      scriptCall
+	sentAt time.Time
+	ran    bool
+	reply  scripts.Reply
+}
+
+// simG's states.
+const (
+	simIdle = iota
+	simAcquiring
+	simInside
+	simReentering
+	simUnlocking
+)
+
+// simG is one goroutine of the simulation.
+type simG struct {
+	id        int
+	owner     uint64
+	state     int
+	how       string
+	walk      bool // an Acquire whose caller may walk away
+	cancelled bool
+	fut       *futures.Future[error]
+	ctx       context.Context
+	cancel    context.CancelFunc
+	wid       uint64
+	depth     int
+	grantHold uint64   // the hold its pending request was granted, once the engine granted it
+	stack     []uint64 // the holds it counts on, one per Lock it has not unlocked (0: none found)
+}
+
+type sim struct {
+	rnd      *rand.Rand
+	h        *mh
+	mem      *memRedis
+	calls    []*simCall
+	notices  []string
+	subs     []message
+	timers   map[timer.Key]time.Time
+	gs       []*simG
+	step     int
+	trace    []string
+	nextW    uint64
+	cancels  []cancelMsg // walked-away Acquires' cancellations, still on their way
+	mix      int         // how often goroutines act rather than the server (per seed)
+	holdLost map[uint64]<-chan struct{}
+	released map[uint64]bool // holds an Unlock of another goroutine of the handle released
+}
+
+func (s *sim) logf(format string, args ...any) {
+	s.trace = append(s.trace, fmt.Sprintf("%4d ", s.step)+fmt.Sprintf(format, args...))
+}
+
+// collect takes the machine's effects: calls to the server, timers, subscriptions.
+func (s *sim) collect() {
+	fx := s.h.take()
+	for _, c := range fx.scripts {
+		s.calls = append(s.calls, &simCall{c: c, sentAt: s.h.now})
+		s.logf("   send %v owner=%d recv=%d args=%v early=%v retried=%v", c.script, c.owner, c.receiver, c.args, c.early, c.retried)
+	}
+	for _, op := range fx.timers {
+		if op.cancel {
+			delete(s.timers, op.key)
+		} else {
+			s.timers[op.key] = s.h.now.Add(op.d)
+		}
+	}
+	for _, op := range fx.subs {
+		if op.unsubscribe {
+			s.subs = append(s.subs, unsubscribeDone{lock: op.lock})
+		} else {
+			s.subs = append(s.subs, subscribeDone{lock: op.lock})
+		}
+	}
+}
+
+// handle runs one message through the machine, then notes, for each pending
+// request the machine just granted, the hold it was granted (the owner's hold
+// now, whether or not its goroutine ever receives the grant).
+func (s *sim) handle(msg message) {
+	s.h.m.handle(msg, s.h.now)
+	s.collect()
+	for _, g := range s.gs {
+		if (g.state != simAcquiring && g.state != simReentering) || g.grantHold != 0 || !g.fut.IsCompleted() {
+			continue
+		}
+		// Read the value without receiving it (a received grant is never taken
+		// back): take it out and put it back, as only the machine's side may; the
+		// machine runs on this goroutine here.
+		err, ok := g.fut.Revoke(errConn)
+		if !ok {
+			continue
+		}
+		g.fut.Revoke(err)
+		if hd := s.h.hold("L", g.owner); err == nil && hd != nil {
+			g.grantHold = hd.id
+			s.holdLost[hd.id] = hd.lostSignal().C()
+		}
+	}
+}
+
+func simClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
+}
+
+// violation returns what breaks the invariant (see the top of the file), or "".
+func (s *sim) violation() string {
+	need := map[uint64]int{}
+	for _, g := range s.gs {
+		for _, id := range g.stack {
+			if id != 0 {
+				need[id]++
+			}
+		}
+	}
+	for id, n := range need {
+		if s.released[id] || simClosed(s.holdLost[id]) {
+			continue
+		}
+		hd := s.h.m.holdByID[id]
+		switch {
+		case hd == nil:
+			return fmt.Sprintf("step %d: hold %d ended with %d goroutine(s) counting on it, its Lost open", s.step, id, n)
+		case hd.count < n:
+			return fmt.Sprintf("step %d: hold %d (owner %d) counts %d, %d goroutines count on it", s.step, id, hd.owner, hd.count, n)
+		case hd.provisional || !s.heardOfAll(hd.owner):
+		default:
+			if got := s.mem.holders("L")[hd.field]; got < int64(n) {
+				return fmt.Sprintf("step %d: hold %d (owner %d, field %s) counted on by %d, the server counts %d", s.step, id, hd.owner, hd.field, n, got)
+			}
+		}
+	}
+	return ""
+}
+
+// heardOfAll reports whether the engine has heard the reply of every call that
+// names owner and ran on the server.
+func (s *sim) heardOfAll(owner uint64) bool {
+	for _, c := range s.calls {
+		if c.ran && (c.c.owner == owner || c.c.receiver == owner) {
+			return false
+		}
+	}
+	return true
+}
+
+// popUnlock takes g's innermost hold off its stack for the Unlock it starts. The
+// Unlock releases the handle's current hold: if that is another, the goroutine
+// that counts on it no longer can.
+func (s *sim) popUnlock(g *simG) {
+	top := uint64(0)
+	if n := len(g.stack); n > 0 {
+		top = g.stack[n-1]
+		g.stack = g.stack[:n-1]
+	}
+	if cur := s.h.hold("L", g.owner); cur != nil && cur.id != top {
+		s.released[cur.id] = true
+		s.logf("   g%d's Unlock (its hold %d) releases hold %d", g.id, top, cur.id)
+	}
+}
+
+// newRequest gives g a fresh context, waiter id and future.
+func (s *sim) newRequest(g *simG, how string) {
+	g.ctx, g.cancel = context.WithCancel(context.Background())
+	g.cancelled = false
+	s.nextW++
+	g.wid = s.nextW
+	g.fut = futures.New[error]()
+	g.grantHold = 0
+	g.walk = false
+	g.how = how
+}
+
+// gStep moves goroutine g on by one action.
+func (s *sim) gStep(g *simG) {
+	switch g.state {
+	case simIdle:
+		var wait time.Duration = -1
+		var stop func() bool
+		how := "Lock-long"
+		switch r := s.rnd.IntN(10); {
+		case r < 4:
+			how = "Lock"
+		case r < 6:
+			how = "TryLock"
+			wait = time.Duration(s.rnd.IntN(3)) * time.Millisecond
+		case r < 8:
+			how = "Acquire"
+			stop = func() bool { return true }
+		}
+		s.newRequest(g, how)
+		g.walk = how == "Acquire"
+		s.logf("g%d (o%d) %s w%d wait=%v", g.id, g.owner, g.how, g.wid, wait)
+		g.state = simAcquiring
+		s.handle(acquireMsg{id: g.wid, lock: "L", owner: g.owner, wait: wait, ctx: g.ctx, stop: stop, future: g.fut})
+	case simAcquiring, simReentering:
+		if g.walk && !g.cancelled && s.rnd.IntN(3) == 0 {
+			// Acquire's caller took ctx.Done() in its select, grant or no grant;
+			// the cancellation (context.AfterFunc) reaches the engine later.
+			g.cancel()
+			g.cancelled = true
+			s.logf("g%d (o%d) walks away from w%d (completed %v)", g.id, g.owner, g.wid, g.fut.IsCompleted())
+			s.cancels = append(s.cancels, cancelMsg{id: g.wid, err: g.ctx.Err()})
+			g.state = simIdle
+			return
+		}
+		if err, ok := peek(g.fut); ok {
+			s.logf("g%d (o%d) %s w%d returned %v", g.id, g.owner, g.how, g.wid, err)
+			if err == nil {
+				g.stack = append(g.stack, g.grantHold)
+				g.depth++
+			}
+			if g.state == simAcquiring && err != nil {
+				g.state = simIdle
+				return
+			}
+			g.state = simInside
+			return
+		}
+		if g.cancelled || g.how == "Lock-long" || s.rnd.IntN(3) != 0 {
+			return
+		}
+		g.cancel()
+		g.cancelled = true
+		s.logf("g%d (o%d) cancels w%d", g.id, g.owner, g.wid)
+		s.handle(cancelMsg{id: g.wid, err: g.ctx.Err()})
+		if g.walk {
+			g.state = simIdle
+		}
+	case simInside:
+		if g.depth == 1 && s.rnd.IntN(4) == 0 && g.how != "reentry" {
+			s.newRequest(g, "reentry")
+			s.logf("g%d (o%d) re-entry w%d", g.id, g.owner, g.wid)
+			g.state = simReentering
+			s.handle(acquireMsg{id: g.wid, lock: "L", owner: g.owner, wait: -1, ctx: g.ctx, future: g.fut})
+			return
+		}
+		s.unlock(g)
+	case simUnlocking:
+		err, ok := peek(g.fut)
+		if !ok {
+			return
+		}
+		s.logf("g%d (o%d) Unlock returned %v", g.id, g.owner, err)
+		g.depth--
+		if g.depth > 0 {
+			s.unlock(g)
+			return
+		}
+		g.state = simIdle
+	}
+}
+
+func (s *sim) unlock(g *simG) {
+	g.fut = futures.New[error]()
+	s.logf("g%d (o%d) Unlock (depth %d)", g.id, g.owner, g.depth)
+	g.state = simUnlocking
+	s.popUnlock(g)
+	s.handle(unlockMsg{lock: "L", owner: g.owner, future: g.fut})
+}
+
+// runCall runs a call on the server now, once.
+func (s *sim) runCall(c *simCall) {
+	if c.ran {
+		return
+	}
+	c.ran = true
+	c.reply, _ = s.mem.Run(context.Background(), c.c.script, c.c.keys, c.c.args)
+}
+
+// callStep has the server act on one call in flight: run it and keep the reply
+// back, or answer it (run or not, with a reply or a transport error).
+func (s *sim) callStep() {
+	i := s.rnd.IntN(len(s.calls))
+	c := s.calls[i]
+	if !c.ran && s.rnd.IntN(3) == 0 {
+		s.runCall(c)
+		s.logf("run %v owner=%d args=%v -> %+v", c.c.script, c.c.owner, c.c.args, c.reply)
+		return
+	}
+	s.calls = append(s.calls[:i], s.calls[i+1:]...)
+	var err error
+	switch r := s.rnd.IntN(10); {
+	case r == 0 && s.rnd.IntN(2) == 0:
+		err = errConn // the reply is lost; the call ran only if it ran before
+	case r == 1:
+		s.runCall(c)
+		err = errConn // it ran, and its reply is lost
+	}
+	if err == nil {
+		s.runCall(c)
+		s.logf("reply %v owner=%d recv=%d args=%v -> %+v", c.c.script, c.c.owner, c.c.receiver, c.c.args, c.reply)
+	} else {
+		s.logf("reply %v owner=%d recv=%d args=%v ran=%v -> transport error", c.c.script, c.c.owner, c.c.receiver, c.c.args, c.ran)
+	}
+	s.handle(scriptDone{call: c.c, sentAt: c.sentAt, reply: c.reply, err: err})
+}
+
+// fireTimer fires the earliest timer due within 50 ms, moving both clocks to it,
+// or moves them on by 1 ms.
+func (s *sim) fireTimer() {
+	var best timer.Key
+	var at time.Time
+	found := false
+	for k, d := range s.timers {
+		if d.Sub(s.h.now) <= 50*time.Millisecond && (!found || d.Before(at)) {
+			best, at, found = k, d, true
+		}
+	}
+	if !found {
+		s.h.now = s.h.now.Add(time.Millisecond)
+		s.mem.advance(time.Millisecond)
+		return
+	}
+	if at.After(s.h.now) {
+		s.mem.advance(at.Sub(s.h.now))
+		s.h.now = at
+	}
+	delete(s.timers, best)
+	s.logf("timer %+v", best)
+	s.handle(timerFired{key: best})
+}
+
+// runSim runs one seed and returns the first violation ("" if none) and the trace.
+func runSim(t *testing.T, seed uint64) (string, []string) {
+	s := &sim{rnd: rand.New(rand.NewPCG(seed, seed*7+1)), mem: newMemRedis(), timers: map[timer.Key]time.Time{},
+		holdLost: map[uint64]<-chan struct{}{}, released: map[uint64]bool{}}
+	s.h = newMH(t)
+	s.mix = 4 + s.rnd.IntN(10)
+	s.mem.publish = func(ch, msg string) { s.notices = append(s.notices, ch) }
+	for i := range 6 {
+		s.gs = append(s.gs, &simG{id: i, owner: uint64(i%3) + 1})
+	}
+	for s.step = 0; s.step < simSteps; s.step++ {
+		if bad := s.violation(); bad != "" {
+			return bad, s.trace
+		}
+		if len(s.cancels) > 0 && s.rnd.IntN(6) == 0 {
+			c := s.cancels[0]
+			s.cancels = s.cancels[1:]
+			s.logf("cancelMsg w%d", c.id)
+			s.handle(c)
+			continue
+		}
+		switch r := s.rnd.IntN(20); {
+		case r < s.mix:
+			s.gStep(s.gs[s.rnd.IntN(len(s.gs))])
+		case r < 15:
+			if len(s.calls) > 0 && (r >= s.mix || s.rnd.IntN(2) == 0) {
+				s.callStep()
+			}
+		case r < 17:
+			if len(s.notices) > 0 {
+				i := s.rnd.IntN(len(s.notices))
+				ch := s.notices[i]
+				s.notices = append(s.notices[:i], s.notices[i+1:]...)
+				s.logf("unlock message")
+				s.handle(unlockNotice{channel: ch, payload: unlockMessage})
+			}
+		case r < 18:
+			if len(s.subs) > 0 {
+				msg := s.subs[0]
+				s.subs = s.subs[1:]
+				if sd, ok := msg.(subscribeDone); ok && sd.lock == 0 {
+					continue // the grant channel is never confirmed: no direct grants
+				}
+				s.logf("subscription %T", msg)
+				s.handle(msg)
+			}
+		default:
+			s.fireTimer()
+		}
+	}
+	return s.violation(), s.trace
+}
+
+// TestMachineSimSharedHandles runs the simulation for simSeeds seeds (see the top
+// of the file), and on a violation logs the seed's trace.
+func TestMachineSimSharedHandles(t *testing.T) {
+	n, first := uint64(simSeeds), uint64(1)
+	if v := os.Getenv("LEASH_SIM_SEEDS"); v != "" {
+		x, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("LEASH_SIM_SEEDS=%q: %v", v, err)
+		}
+		n = x
+	}
+	if v := os.Getenv("LEASH_SIM_FIRST"); v != "" {
+		x, err := strconv.ParseUint(v, 10, 64)
+		if err != nil {
+			t.Fatalf("LEASH_SIM_FIRST=%q: %v", v, err)
+		}
+		first = x
+	}
+	for seed := first; seed < first+n; seed++ {
+		bad, trace := runSim(t, seed)
+		if bad != "" {
+			t.Logf("trace of seed %d:\n%s", seed, strings.Join(trace, "\n"))
+			t.Fatalf("seed %d: %s", seed, bad)
+		}
+	}
+}
