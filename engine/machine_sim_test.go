@@ -18,9 +18,11 @@ import (
 // A seeded random simulation of one client's machine on one plain lock, with the
 // scripts run on memRedis: six goroutines share three handles in pairs and
 // Lock, Lock with a long wait, TryLock, Acquire and walk away, re-enter and
-// Unlock; the server runs their calls in any order, and answers them in any
-// order; a reply may be lost to a transport error whether or not its call ran;
-// unlock messages come late; timers fire as the fake clock moves.
+// Unlock, under the watchdog or with leases that run out within a run; the
+// server runs their calls in any order, and answers them in any order; a reply
+// may be lost to a transport error whether or not its call ran; unlock messages
+// come late; the fake clock jumps to the next timer, and a timer whose time has
+// come fires before anything else (as the wheel's would, give or take a tick).
 //
 // After every step it checks the one thing a goroutine inside relies on: each
 // hold some goroutine counts on (granted, received, not yet unlocked) is still
@@ -33,7 +35,7 @@ import (
 // and such a hold counts on nothing afterwards.
 //
 // It found a walked-away grant's whole-field give-back, parked behind a re-entry
-// of the same handle, deleting the re-entry's new hold on the server (seed 164;
+// of the same handle, deleting the re-entry's new hold on the server (seed 260;
 // see runCleanup). LEASH_SIM_SEEDS (a count) and LEASH_SIM_FIRST (the first
 // seed) run more of them.
 
@@ -179,7 +181,7 @@ func (s *sim) violation() string {
 		case hd.provisional || !s.heardOfAll(hd.owner):
 		default:
 			if got := s.mem.holders("L")[hd.field]; got < int64(n) {
-				return fmt.Sprintf("step %d: hold %d (owner %d, field %s) counted on by %d, the server counts %d", s.step, id, hd.owner, hd.field, n, got)
+				return fmt.Sprintf("step %d: hold %d (owner %d, field %s, lease %v, expiry in %v) counted on by %d, the server counts %d", s.step, id, hd.owner, hd.field, hd.lease, hd.expiresAt.Sub(s.h.now), n, got)
 			}
 		}
 	}
@@ -242,10 +244,12 @@ func (s *sim) gStep(g *simG) {
 			stop = func() bool { return true }
 		}
 		s.newRequest(g, how)
+		// Most under the watchdog; some with leases that run out within a run.
+		lease := []time.Duration{0, 0, 5 * time.Millisecond, 30 * time.Millisecond, 300 * time.Millisecond}[s.rnd.IntN(5)]
 		g.walk = how == "Acquire"
 		s.logf("g%d (o%d) %s w%d wait=%v", g.id, g.owner, g.how, g.wid, wait)
 		g.state = simAcquiring
-		s.handle(acquireMsg{id: g.wid, lock: "L", owner: g.owner, wait: wait, ctx: g.ctx, stop: stop, future: g.fut})
+		s.handle(acquireMsg{id: g.wid, lock: "L", owner: g.owner, wait: wait, lease: lease, ctx: g.ctx, stop: stop, future: g.fut})
 	case simAcquiring, simReentering:
 		if g.walk && !g.cancelled && s.rnd.IntN(3) == 0 {
 			// Acquire's caller took ctx.Done() in its select, grant or no grant;
@@ -349,29 +353,62 @@ func (s *sim) callStep() {
 	s.handle(scriptDone{call: c.c, sentAt: c.sentAt, reply: c.reply, err: err})
 }
 
-// fireTimer fires the earliest timer due within 50 ms, moving both clocks to it,
-// or moves them on by 1 ms.
-func (s *sim) fireTimer() {
+// fireOverdue fires a timer whose time has come, if any, as the wheel would
+// before anything else happens, and reports whether it did.
+func (s *sim) fireOverdue() bool {
+	k, ok := s.earliestTimer(0)
+	if !ok {
+		return false
+	}
+	delete(s.timers, k)
+	s.logf("timer %+v (due)", k)
+	s.handle(timerFired{key: k})
+	return true
+}
+
+// earliestTimer returns the timer due first, within d from now, ties broken by
+// key so that a seed runs the same way every time.
+func (s *sim) earliestTimer(d time.Duration) (timer.Key, bool) {
 	var best timer.Key
 	var at time.Time
 	found := false
-	for k, d := range s.timers {
-		if d.Sub(s.h.now) <= 50*time.Millisecond && (!found || d.Before(at)) {
-			best, at, found = k, d, true
+	for k, due := range s.timers {
+		if due.Sub(s.h.now) > d {
+			continue
+		}
+		if !found || due.Before(at) || due.Equal(at) && simKeyLess(k, best) {
+			best, at, found = k, due, true
 		}
 	}
-	if !found {
+	return best, found
+}
+
+func simKeyLess(a, b timer.Key) bool {
+	if a.Kind != b.Kind {
+		return a.Kind < b.Kind
+	}
+	if a.ID != b.ID {
+		return a.ID < b.ID
+	}
+	return a.Gen < b.Gen
+}
+
+// fireTimer fires the earliest timer due within 50 ms, moving both clocks to it,
+// or moves them on by 1 ms.
+func (s *sim) fireTimer() {
+	k, ok := s.earliestTimer(50 * time.Millisecond)
+	if !ok {
 		s.h.now = s.h.now.Add(time.Millisecond)
 		s.mem.advance(time.Millisecond)
 		return
 	}
-	if at.After(s.h.now) {
+	if at := s.timers[k]; at.After(s.h.now) {
 		s.mem.advance(at.Sub(s.h.now))
 		s.h.now = at
 	}
-	delete(s.timers, best)
-	s.logf("timer %+v", best)
-	s.handle(timerFired{key: best})
+	delete(s.timers, k)
+	s.logf("timer %+v", k)
+	s.handle(timerFired{key: k})
 }
 
 // runSim runs one seed and returns the first violation ("" if none) and the trace.
@@ -385,6 +422,9 @@ func runSim(t *testing.T, seed uint64) (string, []string) {
 		s.gs = append(s.gs, &simG{id: i, owner: uint64(i%3) + 1})
 	}
 	for s.step = 0; s.step < simSteps; s.step++ {
+		if s.fireOverdue() {
+			continue
+		}
 		if bad := s.violation(); bad != "" {
 			return bad, s.trace
 		}
