@@ -592,9 +592,11 @@ func (m *machine) finish(w *waiter, err error) {
 		// another of its waiters): the owner-guarded cleanup could run after it
 		// and delete the hold it takes, so then the lock ends with its lease, as
 		// it did before this cleanup existed. (A refused handoff to w itself is
-		// not another call: see handoffRefused.)
+		// not another call: see handoffRefused. Nor is the call whose reply is
+		// being read, ownCalls: a walked-away waiter whose attempt's reply was
+		// lost is pruned by the advance that follows that very reply.)
 		w.ambiguous = false
-		if k := (holdKey{l.id, w.owner}); !m.ownerBusy(k) {
+		if k := (holdKey{l.id, w.owner}); !m.ownerBusy(k) || m.serial[k].busy <= m.ownCalls(k) {
 			m.undoAmbiguous(w)
 		} else if l.fair != nil && !w.oneShot && m.holds[k] == nil {
 			// A fair join that may have queued the owner: its entry must leave the
