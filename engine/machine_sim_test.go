@@ -32,7 +32,9 @@ import (
 // owner's field until the handoff's reply). An Unlock of a shared handle
 // releases whatever hold the handle has when it arrives (documented on
 // Mutex.Unlock): a goroutine whose own hold was lost can release its partner's,
-// and such a hold counts on nothing afterwards.
+// and such a hold counts on nothing afterwards. It also checks mutual exclusion
+// between the handles (simWorld.exclusion), and the two-client simulation
+// (machine_sim_clients_test.go) runs the same steps on two machines.
 //
 // It found a walked-away grant's whole-field give-back, parked behind a re-entry
 // of the same handle, deleting the re-entry's new hold on the server (seed 260;
@@ -50,6 +52,7 @@ type simCall struct {
 	c      scriptCall
 	sentAt time.Time
 	ran    bool
+	runAt  time.Time // when it ran, by the machines' clock
 	reply  scripts.Reply
 }
 
@@ -79,26 +82,80 @@ type simG struct {
 	stack     []uint64 // the holds it counts on, one per Lock it has not unlocked (0: none found)
 }
 
+// simWorld is what the machines of one seed's run share: the random source, the
+// server (whose clock moves with every machine's), the step and the trace.
+type simWorld struct {
+	rnd   *rand.Rand
+	mem   *memRedis
+	nodes []*sim
+	step  int
+	trace []string
+	mix   int // how often goroutines act rather than the server (per seed)
+	// listen: an unlock message reaches only the machines that asked to subscribe
+	// to its channel (and have not asked to unsubscribe); otherwise every machine.
+	listen bool
+	steps  int // how many steps a seed runs
+	// tick, when set, moves every clock on at each step, so that a call is sent
+	// strictly before anything later is heard, as on a real clock (the engine
+	// reads a call's send time after the step that makes it: see doScript, and
+	// onRenewDone, which trusts a renewal sent no earlier than a doubt began).
+	tick time.Duration
+}
+
+// sim is one machine of the simulation (one client) with its goroutines, its
+// calls in flight, timers, subscriptions and unlock messages on their way.
 type sim struct {
-	rnd      *rand.Rand
-	h        *mh
-	mem      *memRedis
-	calls    []*simCall
-	notices  []string
-	subs     []message
-	timers   map[timer.Key]time.Time
-	gs       []*simG
-	step     int
-	trace    []string
-	nextW    uint64
-	cancels  []cancelMsg // walked-away Acquires' cancellations, still on their way
-	mix      int         // how often goroutines act rather than the server (per seed)
-	holdLost map[uint64]<-chan struct{}
-	released map[uint64]bool // holds an Unlock of another goroutine of the handle released
+	*simWorld
+	name      string // its prefix in the trace ("" when it is the only one)
+	h         *mh
+	calls     []*simCall
+	notices   []string
+	subs      []message
+	timers    map[timer.Key]time.Time
+	gs        []*simG
+	nextW     uint64
+	cancels   []cancelMsg // walked-away Acquires' cancellations, still on their way
+	holdLost  map[uint64]<-chan struct{}
+	released  map[uint64]bool // holds an Unlock of another goroutine of the handle released
+	listening map[string]bool // channels it asked to subscribe to, and not to unsubscribe from
+}
+
+// newSimWorld starts a seed's run: the random source, the server, and how often
+// goroutines act.
+func newSimWorld(seed uint64, listen bool) *simWorld {
+	w := &simWorld{rnd: rand.New(rand.NewPCG(seed, seed*7+1)), mem: newMemRedis(), listen: listen, steps: simSteps}
+	w.mem.publish = func(ch, msg string) {
+		for _, s := range w.nodes {
+			if !w.listen || s.listening[ch] {
+				s.notices = append(s.notices, ch)
+			}
+		}
+	}
+	return w
+}
+
+// addNode adds a machine with goroutines goroutines, goroutine i on handle
+// (owner) i%handles+1. The first machine's clock starts the run's; every later
+// one starts at the same time.
+func (w *simWorld) addNode(t *testing.T, name string, goroutines, handles int, mutate ...func(*config)) *sim {
+	s := &sim{simWorld: w, name: name, h: newMH(t, mutate...), timers: map[timer.Key]time.Time{},
+		holdLost: map[uint64]<-chan struct{}{}, released: map[uint64]bool{}, listening: map[string]bool{}}
+	if len(w.nodes) > 0 {
+		s.h.now = w.nodes[0].h.now
+	}
+	for i := range goroutines {
+		s.gs = append(s.gs, &simG{id: i, owner: uint64(i%handles) + 1})
+	}
+	w.nodes = append(w.nodes, s)
+	return s
+}
+
+func (w *simWorld) logf(format string, args ...any) {
+	w.trace = append(w.trace, fmt.Sprintf("%4d ", w.step)+fmt.Sprintf(format, args...))
 }
 
 func (s *sim) logf(format string, args ...any) {
-	s.trace = append(s.trace, fmt.Sprintf("%4d ", s.step)+fmt.Sprintf(format, args...))
+	s.simWorld.logf(s.name+format, args...)
 }
 
 // collect takes the machine's effects: calls to the server, timers, subscriptions.
@@ -116,6 +173,7 @@ func (s *sim) collect() {
 		}
 	}
 	for _, op := range fx.subs {
+		s.listening[op.channel] = !op.unsubscribe
 		if op.unsubscribe {
 			s.subs = append(s.subs, unsubscribeDone{lock: op.lock})
 		} else {
@@ -175,13 +233,13 @@ func (s *sim) violation() string {
 		hd := s.h.m.holdByID[id]
 		switch {
 		case hd == nil:
-			return fmt.Sprintf("step %d: hold %d ended with %d goroutine(s) counting on it, its Lost open", s.step, id, n)
+			return fmt.Sprintf("step %d: %shold %d ended with %d goroutine(s) counting on it, its Lost open", s.step, s.name, id, n)
 		case hd.count < n:
-			return fmt.Sprintf("step %d: hold %d (owner %d) counts %d, %d goroutines count on it", s.step, id, hd.owner, hd.count, n)
+			return fmt.Sprintf("step %d: %shold %d (owner %d) counts %d, %d goroutines count on it", s.step, s.name, id, hd.owner, hd.count, n)
 		case hd.provisional || !s.heardOfAll(hd.owner):
 		default:
 			if got := s.mem.holders("L")[hd.field]; got < int64(n) {
-				return fmt.Sprintf("step %d: hold %d (owner %d, field %s, lease %v, expiry in %v) counted on by %d, the server counts %d", s.step, id, hd.owner, hd.field, hd.lease, hd.expiresAt.Sub(s.h.now), n, got)
+				return fmt.Sprintf("step %d: %shold %d (owner %d, field %s, lease %v, expiry in %v) counted on by %d, the server counts %d", s.step, s.name, id, hd.owner, hd.field, hd.lease, hd.expiresAt.Sub(s.h.now), n, got)
 			}
 		}
 	}
@@ -197,6 +255,19 @@ func (s *sim) heardOfAll(owner uint64) bool {
 		}
 	}
 	return true
+}
+
+// leaseRanOut reports whether an acquire of owner ran on the server, its lease
+// has run out since, and the machine has not heard its reply.
+func (s *sim) leaseRanOut(owner uint64) bool {
+	for _, c := range s.calls {
+		if c.ran && c.c.script == scripts.LockAcquire && c.c.owner == owner {
+			if ms, err := strconv.ParseInt(c.c.args[0], 10, 64); err == nil && !c.runAt.Add(time.Duration(ms)*time.Millisecond).After(s.h.now) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // popUnlock takes g's innermost hold off its stack for the Unlock it starts. The
@@ -322,13 +393,13 @@ func (s *sim) runCall(c *simCall) {
 		return
 	}
 	c.ran = true
+	c.runAt = s.h.now
 	c.reply, _ = s.mem.Run(context.Background(), c.c.script, c.c.keys, c.c.args)
 }
 
-// callStep has the server act on one call in flight: run it and keep the reply
-// back, or answer it (run or not, with a reply or a transport error).
-func (s *sim) callStep() {
-	i := s.rnd.IntN(len(s.calls))
+// callStep has the server act on s's call in flight i: run it and keep the
+// reply back, or answer it (run or not, with a reply or a transport error).
+func (s *sim) callStep(i int) {
 	c := s.calls[i]
 	if !c.ran && s.rnd.IntN(3) == 0 {
 		s.runCall(c)
@@ -355,8 +426,8 @@ func (s *sim) callStep() {
 
 // fireOverdue fires a timer whose time has come, if any, as the wheel would
 // before anything else happens, and reports whether it did.
-func (s *sim) fireOverdue() bool {
-	k, ok := s.earliestTimer(0)
+func (w *simWorld) fireOverdue() bool {
+	s, k, ok := w.earliestTimer(0)
 	if !ok {
 		return false
 	}
@@ -366,21 +437,24 @@ func (s *sim) fireOverdue() bool {
 	return true
 }
 
-// earliestTimer returns the timer due first, within d from now, ties broken by
-// key so that a seed runs the same way every time.
-func (s *sim) earliestTimer(d time.Duration) (timer.Key, bool) {
+// earliestTimer returns the timer due first on any machine, within d from now,
+// ties broken by machine (the first added first) and key so that a seed runs the
+// same way every time.
+func (w *simWorld) earliestTimer(d time.Duration) (*sim, timer.Key, bool) {
 	var best timer.Key
+	var bestS *sim
 	var at time.Time
-	found := false
-	for k, due := range s.timers {
-		if due.Sub(s.h.now) > d {
-			continue
-		}
-		if !found || due.Before(at) || due.Equal(at) && simKeyLess(k, best) {
-			best, at, found = k, due, true
+	for _, s := range w.nodes {
+		for k, due := range s.timers {
+			if due.Sub(s.h.now) > d {
+				continue
+			}
+			if bestS == nil || due.Before(at) || due.Equal(at) && bestS == s && simKeyLess(k, best) {
+				best, at, bestS = k, due, s
+			}
 		}
 	}
-	return best, found
+	return bestS, best, bestS != nil
 }
 
 func simKeyLess(a, b timer.Key) bool {
@@ -393,65 +467,159 @@ func simKeyLess(a, b timer.Key) bool {
 	return a.Gen < b.Gen
 }
 
-// fireTimer fires the earliest timer due within 50 ms, moving both clocks to it,
+// advanceClocks moves every machine's clock and the server's on by d.
+func (w *simWorld) advanceClocks(d time.Duration) {
+	w.mem.advance(d)
+	for _, s := range w.nodes {
+		s.h.now = s.h.now.Add(d)
+	}
+}
+
+// fireTimer fires the earliest timer due within 50 ms, moving all clocks to it,
 // or moves them on by 1 ms.
-func (s *sim) fireTimer() {
-	k, ok := s.earliestTimer(50 * time.Millisecond)
+func (w *simWorld) fireTimer() {
+	s, k, ok := w.earliestTimer(50 * time.Millisecond)
 	if !ok {
-		s.h.now = s.h.now.Add(time.Millisecond)
-		s.mem.advance(time.Millisecond)
+		w.advanceClocks(time.Millisecond)
 		return
 	}
 	if at := s.timers[k]; at.After(s.h.now) {
-		s.mem.advance(at.Sub(s.h.now))
-		s.h.now = at
+		w.advanceClocks(at.Sub(s.h.now))
 	}
 	delete(s.timers, k)
 	s.logf("timer %+v", k)
 	s.handle(timerFired{key: k})
 }
 
-// runSim runs one seed and returns the first violation ("" if none) and the trace.
-func runSim(t *testing.T, seed uint64) (string, []string) {
-	s := &sim{rnd: rand.New(rand.NewPCG(seed, seed*7+1)), mem: newMemRedis(), timers: map[timer.Key]time.Time{},
-		holdLost: map[uint64]<-chan struct{}{}, released: map[uint64]bool{}}
-	s.h = newMH(t)
-	s.mix = 4 + s.rnd.IntN(10)
-	s.mem.publish = func(ch, msg string) { s.notices = append(s.notices, ch) }
-	for i := range 6 {
-		s.gs = append(s.gs, &simG{id: i, owner: uint64(i%3) + 1})
+// pick returns one of the machines for which ok holds, drawing only when there
+// is a choice, or nil.
+func (w *simWorld) pick(ok func(*sim) bool) *sim {
+	var in []*sim
+	for _, s := range w.nodes {
+		if ok(s) {
+			in = append(in, s)
+		}
 	}
-	for s.step = 0; s.step < simSteps; s.step++ {
-		if s.fireOverdue() {
+	switch len(in) {
+	case 0:
+		return nil
+	case 1:
+		return in[0]
+	}
+	return in[w.rnd.IntN(len(in))]
+}
+
+// nth returns the machine whose list (of lengths given by n, in machine order)
+// holds the i-th element of their concatenation, and its index there.
+func (w *simWorld) nth(i int, n func(*sim) int) (*sim, int) {
+	for _, s := range w.nodes {
+		if i < n(s) {
+			return s, i
+		}
+		i -= n(s)
+	}
+	panic("simWorld.nth: out of range")
+}
+
+func (w *simWorld) total(n func(*sim) int) int {
+	t := 0
+	for _, s := range w.nodes {
+		t += n(s)
+	}
+	return t
+}
+
+// violation returns the first thing that breaks an invariant: a machine's
+// (sim.violation) or mutual exclusion between handles (exclusion); "" if none.
+func (w *simWorld) violation() string {
+	for _, s := range w.nodes {
+		if bad := s.violation(); bad != "" {
+			return bad
+		}
+	}
+	return w.exclusion()
+}
+
+// exclusion returns a violation of mutual exclusion, or "": two goroutines of
+// different handles, of one machine or of two, that both count on a live hold.
+// A hold is live while its Lost is open and no Unlock of another goroutine
+// sharing its handle released it (popUnlock); a hold whose goroutine's Unlock is
+// in flight is on no stack. A provisional hold is live: it runs under the
+// releasing owner's field, which keeps every other handle out (see handoff.go).
+// A call in flight of its owner does not excuse a hold, but for one kind
+// (leaseRanOut): an acquire that ran, whose lease has run out since, and whose
+// reply the machine has not heard. A re-entry with a shorter lease than its
+// hold's (a 30 ms Lock on a handle held under the watchdog) sets the key's expiry
+// when it runs, and the machine learns it from the reply: the README's grant whose
+// reply took longer than its lease less the margin, whose handle hears of its
+// loss late (Lost closes at the next tick once the reply comes), a partner
+// goroutine already inside included. Otherwise only Lost tells a goroutine inside
+// that it is no longer alone.
+func (w *simWorld) exclusion() string {
+	var firstS *sim
+	var firstG *simG
+	var firstID uint64
+	for _, s := range w.nodes {
+		for _, g := range s.gs {
+			for _, id := range g.stack {
+				if id == 0 || s.released[id] || simClosed(s.holdLost[id]) || s.leaseRanOut(g.owner) {
+					continue
+				}
+				if firstS == nil {
+					firstS, firstG, firstID = s, g, id
+					continue
+				}
+				if firstS != s || firstG.owner != g.owner {
+					return fmt.Sprintf("step %d: %sg%d (owner %d) counts on live hold %d and %sg%d (owner %d) on live hold %d",
+						w.step, firstS.name, firstG.id, firstG.owner, firstID, s.name, g.id, g.owner, id)
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// run runs the seed's steps and returns the first violation ("" if none) and
+// the trace.
+func (w *simWorld) run() (string, []string) {
+	for w.step = 0; w.step < w.steps; w.step++ {
+		if w.tick > 0 {
+			w.advanceClocks(w.tick)
+		}
+		if w.fireOverdue() {
 			continue
 		}
-		if bad := s.violation(); bad != "" {
-			return bad, s.trace
+		if bad := w.violation(); bad != "" {
+			return bad, w.trace
 		}
-		if len(s.cancels) > 0 && s.rnd.IntN(6) == 0 {
+		if w.total(func(s *sim) int { return len(s.cancels) }) > 0 && w.rnd.IntN(6) == 0 {
+			s := w.pick(func(s *sim) bool { return len(s.cancels) > 0 })
 			c := s.cancels[0]
 			s.cancels = s.cancels[1:]
 			s.logf("cancelMsg w%d", c.id)
 			s.handle(c)
 			continue
 		}
-		switch r := s.rnd.IntN(20); {
-		case r < s.mix:
-			s.gStep(s.gs[s.rnd.IntN(len(s.gs))])
+		switch r := w.rnd.IntN(20); {
+		case r < w.mix:
+			s, i := w.nth(w.rnd.IntN(w.total(func(s *sim) int { return len(s.gs) })), func(s *sim) int { return len(s.gs) })
+			s.gStep(s.gs[i])
 		case r < 15:
-			if len(s.calls) > 0 && (r >= s.mix || s.rnd.IntN(2) == 0) {
-				s.callStep()
+			n := w.total(func(s *sim) int { return len(s.calls) })
+			if n > 0 && (r >= w.mix || w.rnd.IntN(2) == 0) {
+				s, i := w.nth(w.rnd.IntN(n), func(s *sim) int { return len(s.calls) })
+				s.callStep(i)
 			}
 		case r < 17:
-			if len(s.notices) > 0 {
-				i := s.rnd.IntN(len(s.notices))
+			if n := w.total(func(s *sim) int { return len(s.notices) }); n > 0 {
+				s, i := w.nth(w.rnd.IntN(n), func(s *sim) int { return len(s.notices) })
 				ch := s.notices[i]
 				s.notices = append(s.notices[:i], s.notices[i+1:]...)
 				s.logf("unlock message")
 				s.handle(unlockNotice{channel: ch, payload: unlockMessage})
 			}
 		case r < 18:
-			if len(s.subs) > 0 {
+			if s := w.pick(func(s *sim) bool { return len(s.subs) > 0 }); s != nil {
 				msg := s.subs[0]
 				s.subs = s.subs[1:]
 				if sd, ok := msg.(subscribeDone); ok && sd.lock == 0 {
@@ -461,16 +629,27 @@ func runSim(t *testing.T, seed uint64) (string, []string) {
 				s.handle(msg)
 			}
 		default:
-			s.fireTimer()
+			w.fireTimer()
 		}
 	}
-	return s.violation(), s.trace
+	for w.fireOverdue() { // as before every check
+	}
+	return w.violation(), w.trace
 }
 
-// TestMachineSimSharedHandles runs the simulation for simSeeds seeds (see the top
-// of the file), and on a violation logs the seed's trace.
-func TestMachineSimSharedHandles(t *testing.T) {
-	n, first := uint64(simSeeds), uint64(1)
+// runSim runs one seed of the one-machine simulation and returns the first
+// violation ("" if none) and the trace.
+func runSim(t *testing.T, seed uint64) (string, []string) {
+	w := newSimWorld(seed, false)
+	w.mix = 4 + w.rnd.IntN(10)
+	w.addNode(t, "", 6, 3)
+	return w.run()
+}
+
+// simSeedRange returns the seeds to run: LEASH_SIM_SEEDS (a count, def by
+// default) from LEASH_SIM_FIRST (1 by default).
+func simSeedRange(t *testing.T, def uint64) (first, n uint64) {
+	n, first = def, 1
 	if v := os.Getenv("LEASH_SIM_SEEDS"); v != "" {
 		x, err := strconv.ParseUint(v, 10, 64)
 		if err != nil {
@@ -485,11 +664,23 @@ func TestMachineSimSharedHandles(t *testing.T) {
 		}
 		first = x
 	}
+	return first, n
+}
+
+// runSimSeeds runs run on each seed, and on a violation logs the seed's trace.
+func runSimSeeds(t *testing.T, def uint64, run func(*testing.T, uint64) (string, []string)) {
+	first, n := simSeedRange(t, def)
 	for seed := first; seed < first+n; seed++ {
-		bad, trace := runSim(t, seed)
+		bad, trace := run(t, seed)
 		if bad != "" {
 			t.Logf("trace of seed %d:\n%s", seed, strings.Join(trace, "\n"))
 			t.Fatalf("seed %d: %s", seed, bad)
 		}
 	}
+}
+
+// TestMachineSimSharedHandles runs the simulation for simSeeds seeds (see the top
+// of the file), and on a violation logs the seed's trace.
+func TestMachineSimSharedHandles(t *testing.T) {
+	runSimSeeds(t, simSeeds, runSim)
 }
