@@ -17,6 +17,21 @@ func serve(t *testing.T, r *memRedis, call scriptCall) scripts.Reply {
 	return reply
 }
 
+// serveAll runs on srv every call the machine sends, and hands it their replies,
+// until it sends nothing more (ten rounds at most).
+func serveAll(t *testing.T, h *mh, srv *memRedis) {
+	t.Helper()
+	for range 10 {
+		s := h.take()
+		if len(s.scripts) == 0 {
+			return
+		}
+		for _, c := range s.scripts {
+			h.reply(c, serve(t, srv, c), nil)
+		}
+	}
+}
+
 // A walked-away grant whose hold may count a surplus (maySurplus) is taken back
 // while a re-entry of the same handle (another goroutine sharing it) is in flight.
 // The take-back's give-back is the whole field (releaseOne: the hold's last count,
@@ -82,20 +97,9 @@ func TestMachineTakeBackBehindReentryKeepsReentry(t *testing.T) {
 
 	// 5. Whatever the engine sends now runs; then the unlock message, if any
 	// release published one, reaches this client (g36's head attempts).
-	serveAll := func() {
-		for range 10 {
-			s := h.take()
-			if len(s.scripts) == 0 {
-				return
-			}
-			for _, c := range s.scripts {
-				h.reply(c, serve(t, srv, c), nil)
-			}
-		}
-	}
-	serveAll()
+	serveAll(t, h, srv)
 	h.notice("L")
-	serveAll()
+	serveAll(t, h, srv)
 
 	if h.hold("L", 1) == nil {
 		t.Fatalf("owner 1's hold ended with nothing asked of it")
@@ -112,7 +116,7 @@ func TestMachineTakeBackBehindReentryKeepsReentry(t *testing.T) {
 
 	// g21's Unlock: the server's surplus goes with it, and owner 2 gets the lock.
 	f := h.unlock("L", 1)
-	serveAll()
+	serveAll(t, h, srv)
 	if err := mustGet(t, "g21's Unlock", f); err != nil {
 		t.Fatalf("g21's Unlock: %v", err)
 	}
@@ -121,7 +125,7 @@ func TestMachineTakeBackBehindReentryKeepsReentry(t *testing.T) {
 	}
 	if _, ok := peek(g36.future); !ok {
 		h.notice("L")
-		serveAll()
+		serveAll(t, h, srv)
 	}
 	mustGranted(t, "g36 after owner 1's Unlock", g36.future)
 }

@@ -23,25 +23,9 @@ func TestMachineWalkedAwayAmbiguousAttemptCleansUp(t *testing.T) {
 	serve(t, srv, a) // it ran: owner 1 holds L on the server
 	g.cancel()       // the caller walks away; its cancelMsg is still on its way
 	h.reply(a, scripts.Reply{}, errConn)
-	for range 10 {
-		s := h.take()
-		if len(s.scripts) == 0 {
-			break
-		}
-		for _, c := range s.scripts {
-			h.reply(c, serve(t, srv, c), nil)
-		}
-	}
+	serveAll(t, h, srv)
 	h.m.handle(cancelMsg{id: g.id, err: g.ctx.Err()}, h.now)
-	for range 10 {
-		s := h.take()
-		if len(s.scripts) == 0 {
-			break
-		}
-		for _, c := range s.scripts {
-			h.reply(c, serve(t, srv, c), nil)
-		}
-	}
+	serveAll(t, h, srv)
 	if _, ok := peek(g.future); !ok {
 		t.Fatalf("the walked-away Acquire is not answered")
 	}
