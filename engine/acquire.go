@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"slices"
 	"time"
 
@@ -155,6 +156,9 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 	w.attempting = true
 	m.stats.Attempts++
 	if w.lock.fair != nil {
+		if h := m.holds[holdKey{w.lock.id, w.owner}]; h != nil {
+			m.shortenForReentry(h, w.lease, now)
+		}
 		m.fairAttempt(w, now)
 		return
 	}
@@ -163,6 +167,7 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 	field := m.waiterField(w)
 	if h := m.holds[holdKey{w.lock.id, w.owner}]; h != nil {
 		field = h.field
+		m.shortenForReentry(h, w.lease, now)
 	}
 	w.sentField = field
 	keys, args := m.attemptArgs(w, field, now)
@@ -177,6 +182,35 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 		serial:  true, // a direct call, or a queued one made serialized by startAttempt
 		fresh:   len(keys) == 1 && len(w.lock.holders) == 0 && !w.lock.refusedLast,
 	})
+}
+
+// reentryGone follows the reply of a re-entry whose waiter is gone: if it ran
+// (granted, or failed in transit) it set the lock's expiry to its lease, which a
+// given-back count does not undo, and a renewal sent before now may have run
+// before it: the hold's lease is in doubt (reentryMayHaveRun).
+func (m *machine) reentryGone(l *lockState, d scriptDone) {
+	if h := m.holds[holdKey{l.id, d.call.owner}]; h != nil && h.reentryLease > 0 && !isRedisError(d.err) {
+		m.reentryMayHaveRun(h, h.reentryLease, d.sentAt, m.now)
+	}
+}
+
+// shortenForReentry brings h's expiry forward to now plus lease (0: the
+// watchdog's) when that is sooner: a re-entry with that lease is about to be sent,
+// and when it runs the script sets the lock's expiry to it, for the whole hold.
+// Another goroutine sharing the handle may be inside on h already, and must hear
+// from Lost before the key can expire, not once the re-entry's reply is in (a
+// reply can take longer than a short lease). Until that reply the owner counts
+// busy, so no renewal's reply moves the expiry back (onRenewDone); the reply's
+// grant sets the hold's new lease (addHold), a failure leaves it in doubt
+// (reentryMayHaveRun), a refusal ends the hold.
+func (m *machine) shortenForReentry(h *hold, lease time.Duration, now time.Time) {
+	lease = m.leaseOf(lease)
+	if !now.Add(lease).Before(h.expiresAt) {
+		return
+	}
+	h.expiresAt = now.Add(lease)
+	h.reentryLease = min(lease, cmp.Or(h.reentryLease, lease))
+	m.armExpiry(h, now)
 }
 
 // waiterField is w's owner field, "<client-id>:<owner-id>", made once per waiter,
@@ -278,12 +312,15 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 		// The waiter is gone (cancelled, closed): give back what the script granted.
 		switch {
 		case granted && l != nil:
+			m.reentryGone(l, d)
 			m.abandon(l, d.call.owner, d.call.args[1], 1)
 		case registered:
 			if claimed {
 				m.noteClaimed(d.call.waiter)
 			}
 			m.runLeave(l, d.call.waiter, "") // its registration, and a grant it claimed
+		case d.err != nil && l != nil:
+			m.reentryGone(l, d)
 		}
 		if l != nil {
 			m.advance(l, now)
@@ -533,7 +570,7 @@ func (m *machine) reentryMayHaveRun(h *hold, lease time.Duration, sentAt, now ti
 	lease = m.leaseOf(lease)
 	at := sentAt.Add(lease)
 	d, doubted := m.leaseDoubts[h.id]
-	if !at.Before(h.expiresAt) && !doubted && !h.renewing {
+	if !at.Before(h.expiresAt) && !doubted && !h.renewing && h.reentryLease == 0 {
 		return // the expiry it could set is no sooner, and nothing in flight can hide it
 	}
 	if at.Before(h.expiresAt) {
@@ -543,6 +580,7 @@ func (m *machine) reentryMayHaveRun(h *hold, lease time.Duration, sentAt, now ti
 		lease = min(lease, d.lease)
 	}
 	m.leaseDoubts[h.id] = leaseDoubt{since: now, lease: lease}
+	h.reentryLease = 0 // the doubt's lease is the margin's now
 	m.armExpiry(h, now)
 	m.renewDoubted(h)
 }

@@ -50,6 +50,10 @@ type hold struct {
 	// not hand over, so they grant nobody early, and its last count given back
 	// releases the field whole (releaseOne).
 	maySurplus bool
+	// reentryLease: a re-entry of the owner's with a lease shorter than what is
+	// left of the hold's is in flight, or ran and was given back, and this is
+	// that lease (see shortenForReentry); 0 otherwise.
+	reentryLease time.Duration
 
 	lost     *futures.Signal // made when first asked for (see onLost); nil until then
 	receipts []uint64        // grants still watched for an unreceived take-back
@@ -94,6 +98,7 @@ func (m *machine) addHold(l *lockState, owner uint64, field string, lease time.D
 		h.expiresAt = sentAt.Add(m.cfg.watchdog)
 	}
 	delete(m.leaseDoubts, h.id) // this call, sent after any failed one of the owner's, set the expiry
+	h.reentryLease = 0          // and this call is the re-entry, if one was in flight
 	if sentAt.Before(l.forcedAt) && !m.grantedEarly(key) {
 		// A force-release that found the lock held was answered while this call was
 		// in flight. (An early grant is checked once its handoff is confirmed.)

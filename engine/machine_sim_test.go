@@ -38,7 +38,9 @@ import (
 //
 // It found a walked-away grant's whole-field give-back, parked behind a re-entry
 // of the same handle, deleting the re-entry's new hold on the server (seed 260;
-// see runCleanup). LEASH_SIM_SEEDS (a count) and LEASH_SIM_FIRST (the first
+// see runCleanup), and a re-entry with a short lease whose late reply let another
+// handle in while a goroutine of its own was inside with Lost open (seed 3042;
+// see shortenForReentry). LEASH_SIM_SEEDS (a count) and LEASH_SIM_FIRST (the first
 // seed) run more of them.
 
 // simSeeds is how many seeds a default run tries: about 5 s under -race here.
@@ -52,7 +54,6 @@ type simCall struct {
 	c      scriptCall
 	sentAt time.Time
 	ran    bool
-	runAt  time.Time // when it ran, by the machines' clock
 	reply  scripts.Reply
 }
 
@@ -257,19 +258,6 @@ func (s *sim) heardOfAll(owner uint64) bool {
 	return true
 }
 
-// leaseRanOut reports whether an acquire of owner ran on the server, its lease
-// has run out since, and the machine has not heard its reply.
-func (s *sim) leaseRanOut(owner uint64) bool {
-	for _, c := range s.calls {
-		if c.ran && c.c.script == scripts.LockAcquire && c.c.owner == owner {
-			if ms, err := strconv.ParseInt(c.c.args[0], 10, 64); err == nil && !c.runAt.Add(time.Duration(ms)*time.Millisecond).After(s.h.now) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // popUnlock takes g's innermost hold off its stack for the Unlock it starts. The
 // Unlock releases the handle's current hold: if that is another, the goroutine
 // that counts on it no longer can.
@@ -393,7 +381,6 @@ func (s *sim) runCall(c *simCall) {
 		return
 	}
 	c.ran = true
-	c.runAt = s.h.now
 	c.reply, _ = s.mem.Run(context.Background(), c.c.script, c.c.keys, c.c.args)
 }
 
@@ -546,15 +533,10 @@ func (w *simWorld) violation() string {
 // sharing its handle released it (popUnlock); a hold whose goroutine's Unlock is
 // in flight is on no stack. A provisional hold is live: it runs under the
 // releasing owner's field, which keeps every other handle out (see handoff.go).
-// A call in flight of its owner does not excuse a hold, but for one kind
-// (leaseRanOut): an acquire that ran, whose lease has run out since, and whose
-// reply the machine has not heard. A re-entry with a shorter lease than its
-// hold's (a 30 ms Lock on a handle held under the watchdog) sets the key's expiry
-// when it runs, and the machine learns it from the reply: the README's grant whose
-// reply took longer than its lease less the margin, whose handle hears of its
-// loss late (Lost closes at the next tick once the reply comes), a partner
-// goroutine already inside included. Otherwise only Lost tells a goroutine inside
-// that it is no longer alone.
+// A call in flight of its owner excuses nothing: only Lost tells a goroutine
+// inside that it is no longer alone. (A re-entry with a shorter lease than its
+// hold's, whose reply comes after that lease ran out, was excused until the
+// hold's expiry came forward at the re-entry's send: see shortenForReentry.)
 func (w *simWorld) exclusion() string {
 	var firstS *sim
 	var firstG *simG
@@ -562,7 +544,7 @@ func (w *simWorld) exclusion() string {
 	for _, s := range w.nodes {
 		for _, g := range s.gs {
 			for _, id := range g.stack {
-				if id == 0 || s.released[id] || simClosed(s.holdLost[id]) || s.leaseRanOut(g.owner) {
+				if id == 0 || s.released[id] || simClosed(s.holdLost[id]) {
 					continue
 				}
 				if firstS == nil {

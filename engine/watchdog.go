@@ -183,6 +183,7 @@ func (m *machine) onRenewDone(d scriptDone, now time.Time) {
 		}
 		if i < len(d.reply.Ints) && d.reply.Ints[i] == 1 {
 			delete(m.leaseDoubts, id)
+			h.reentryLease = 0
 			h.expiresAt = d.sentAt.Add(m.cfg.watchdog)
 			h.nextRenew = d.sentAt.Add(m.cfg.watchdog / 3)
 			m.armExpiry(h, now)
@@ -208,9 +209,13 @@ func (m *machine) renewMayFollow(l *lockState, sentAt time.Time) bool {
 }
 
 // marginOf is h's expiry margin: its lease's, or, while its lease is in doubt
-// (leaseDoubts), the shorter lease's that may have set its expiry.
+// (leaseDoubts) or a shorter re-entry is in flight (reentryLease), the shorter
+// lease's that may have set its expiry.
 func (m *machine) marginOf(h *hold) time.Duration {
 	lease := m.leaseOf(h.lease)
+	if h.reentryLease > 0 {
+		lease = min(lease, h.reentryLease)
+	}
 	if len(m.leaseDoubts) > 0 {
 		if d, ok := m.leaseDoubts[h.id]; ok {
 			lease = min(lease, d.lease)
