@@ -117,14 +117,7 @@ func TestMachineLastRegisteredWaiterLeavesOnce(t *testing.T) {
 // waiter has come (and may have registered): it would delete that registration.
 // The registration then goes with the new waiter's last release or leave.
 func TestMachineStaleStarLeaveNotResent(t *testing.T) {
-	h, call, f := releaseOfRegistered(t)
-	h.reply(call, scripts.Reply{}, errConn)
-	h.reply(h.take().one(t, scripts.LockRelease), scripts.Reply{}, errConn)
-	mustGet(t, "unlock", f)
-	leaves := h.collectLeaves(t, "L")
-	if len(leaves) != 1 || leaves[0].args[1] != "*" {
-		t.Fatalf("leaves %v, want one '*'", leaves)
-	}
+	h, leaves := starLeaveOfFailedRelease(t)
 	h.reply(leaves[0], scripts.Reply{}, errConn)
 	h.reply(h.take().one(t, scripts.LockLeave), scripts.Reply{}, errConn) // its one quick retry
 	s := h.take()
@@ -207,14 +200,7 @@ func TestMachineRetriedReleaseKeepsNewWaitersRegistration(t *testing.T) {
 // more straight after its first transport error), as for its later ones
 // (TestMachineStaleStarLeaveNotResent).
 func TestMachineStarLeaveQuickRetryKeepsNewRegistration(t *testing.T) {
-	h, call, f := releaseOfRegistered(t)
-	h.reply(call, scripts.Reply{}, errConn)
-	h.reply(h.take().one(t, scripts.LockRelease), scripts.Reply{}, errConn)
-	mustGet(t, "unlock", f)
-	leaves := h.collectLeaves(t, "L")
-	if len(leaves) != 1 || leaves[0].args[1] != "*" {
-		t.Fatalf("setup: leaves %v, want one '*'", leaves)
-	}
+	h, leaves := starLeaveOfFailedRelease(t)
 	// While the drop is in flight a new waiter comes and registers.
 	w2, att2 := h.registeredWaiter(t, "L", 2)
 	h.reply(att2, replyPTTL(30*time.Second), nil)
@@ -227,4 +213,19 @@ func TestMachineStarLeaveQuickRetryKeepsNewRegistration(t *testing.T) {
 			t.Errorf("'*' leave %q sent again while waiter %d is queued and registered", c.args, w2.id)
 		}
 	}
+}
+
+// starLeaveOfFailedRelease: the release of the last registered waiter's hold fails
+// twice, so the registration goes by a "*" leave, which it returns (one call).
+func starLeaveOfFailedRelease(t *testing.T) (*mh, []scriptCall) {
+	t.Helper()
+	h, call, f := releaseOfRegistered(t)
+	h.reply(call, scripts.Reply{}, errConn)
+	h.reply(h.take().one(t, scripts.LockRelease), scripts.Reply{}, errConn)
+	mustGet(t, "unlock", f)
+	leaves := h.collectLeaves(t, "L")
+	if len(leaves) != 1 || leaves[0].args[1] != "*" {
+		t.Fatalf("leaves %v, want one '*'", leaves)
+	}
+	return h, leaves
 }
