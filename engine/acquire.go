@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"cmp"
 	"slices"
 	"time"
 
@@ -155,19 +154,19 @@ func (m *machine) startAttempt(l *lockState, now time.Time) {
 func (m *machine) attempt(w *waiter, now time.Time) {
 	w.attempting = true
 	m.stats.Attempts++
+	h := m.holds[holdKey{w.lock.id, w.owner}]
+	if h != nil {
+		m.shortenForReentry(h, w.lease, now)
+	}
 	if w.lock.fair != nil {
-		if h := m.holds[holdKey{w.lock.id, w.owner}]; h != nil {
-			m.shortenForReentry(h, w.lease, now)
-		}
 		m.fairAttempt(w, now)
 		return
 	}
 	// A holder re-enters under its hold's field, which is a grant field when the
 	// hold came from a direct grant (see directgrant.go).
 	field := m.waiterField(w)
-	if h := m.holds[holdKey{w.lock.id, w.owner}]; h != nil {
+	if h != nil {
 		field = h.field
-		m.shortenForReentry(h, w.lease, now)
 	}
 	w.sentField = field
 	keys, args := m.attemptArgs(w, field, now)
@@ -188,9 +187,9 @@ func (m *machine) attempt(w *waiter, now time.Time) {
 // (granted, or failed in transit) it set the lock's expiry to its lease, which a
 // given-back count does not undo, and a renewal sent before now may have run
 // before it: the hold's lease is in doubt (reentryMayHaveRun).
-func (m *machine) reentryGone(l *lockState, d scriptDone) {
+func (m *machine) reentryGone(l *lockState, d scriptDone, now time.Time) {
 	if h := m.holds[holdKey{l.id, d.call.owner}]; h != nil && h.reentryLease > 0 && !isRedisError(d.err) {
-		m.reentryMayHaveRun(h, h.reentryLease, d.sentAt, m.now)
+		m.reentryMayHaveRun(h, h.reentryLease, d.sentAt, now)
 	}
 }
 
@@ -209,7 +208,9 @@ func (m *machine) shortenForReentry(h *hold, lease time.Duration, now time.Time)
 		return
 	}
 	h.expiresAt = now.Add(lease)
-	h.reentryLease = min(lease, cmp.Or(h.reentryLease, lease))
+	if h.reentryLease == 0 || lease < h.reentryLease {
+		h.reentryLease = lease
+	}
 	m.armExpiry(h, now)
 }
 
@@ -312,7 +313,7 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 		// The waiter is gone (cancelled, closed): give back what the script granted.
 		switch {
 		case granted && l != nil:
-			m.reentryGone(l, d)
+			m.reentryGone(l, d, now)
 			m.abandon(l, d.call.owner, d.call.args[1], 1)
 		case registered:
 			if claimed {
@@ -320,7 +321,7 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 			}
 			m.runLeave(l, d.call.waiter, "") // its registration, and a grant it claimed
 		case d.err != nil && l != nil:
-			m.reentryGone(l, d)
+			m.reentryGone(l, d, now)
 		}
 		if l != nil {
 			m.advance(l, now)
