@@ -55,7 +55,12 @@ type scriptCall struct {
 	// fresh: purposeAttempt, a plain lock's first attempt on a lock that looks
 	// free (no local hold, its last attempt not refused): the lone lane may take
 	// it with one plain command (scripts.FreshRunner).
-	fresh    bool
+	fresh bool
+	// quiet: purposeUnlock, a plain lock's release of its only holder's last
+	// count, with no waiter here and nobody listening at the lock's last release
+	// (lockState.quietLast): the lone lane may take it with two plain commands
+	// (scripts.QuietReleaser).
+	quiet    bool
 	batch    []uint64 // purposeRenew: hold ids, in KEYS order
 	check    bool     // purposeRenew: a check of one hold a force-release may have deleted (see checkForced)
 	retried  bool     // this is the one retry after a transport error (releases, leaves, early handoffs)

@@ -904,7 +904,8 @@ func (e *Engine) doScript(call scriptCall) scriptDone {
 // doLone is doScript on the runner's lone lane (at most one call at a time). A
 // fresh attempt goes as the runner's plain command for a free lock, when it has
 // one (scripts.FreshRunner); if that is refused, the script answers, dated at
-// its own send (sentAtOf).
+// its own send (sentAtOf). A quiet release goes as the runner's plain commands
+// for it, when it has them (scripts.QuietReleaser).
 func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 	sentAt := time.Now()
 	var (
@@ -913,6 +914,8 @@ func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 	)
 	if f, ok := lone.(scripts.FreshRunner); ok && call.fresh {
 		reply, err = f.RunLoneFresh(context.Background(), call.keys, call.args)
+	} else if q, ok := lone.(scripts.QuietReleaser); ok && call.quiet {
+		reply, err = q.RunLoneQuietRelease(context.Background(), call.keys, call.args)
 	} else {
 		reply, err = lone.RunLone(context.Background(), call.script, call.keys, call.args)
 	}

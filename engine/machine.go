@@ -229,6 +229,11 @@ type lockState struct {
 	// is not sent as fresh (scriptCall.fresh), which would likely cost a refused
 	// plain command before the script. It outlives the state (refusedNames).
 	refusedLast bool
+	// quietLast: the last release of the lock from here found nobody listening
+	// on its unlock channel (lock_release's reply 2), and no attempt of this
+	// client's was refused since. A last-count release may then go as two plain
+	// commands (scriptCall.quiet).
+	quietLast bool
 
 	queue queue // waiters in arrival order; the head is the one that retries
 

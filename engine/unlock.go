@@ -87,6 +87,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 			l.mayBeRegistered = false
 		}
 		call.args = append(call.args, m.cfg.clientID, selfListens(l), dereg)
+		call.quiet = quietRelease(l, h, dereg)
 	}
 	if h.count > 1 {
 		// The count h keeps: a release whose reply was lost is sent again
@@ -98,11 +99,28 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	m.run(call)
 }
 
+// quietRelease reports whether the release of h's last count on l may go as
+// two plain commands (scriptCall.quiet): h is l's only hold here, at one count
+// the server counts too, nobody here waits for l or listens on its channel, the
+// release drops no registration, and the lock's last release found nobody
+// listening. Then the script's direct grant has nobody to go to unless another
+// client's waiter registered since; that waiter takes the unlock message
+// instead, and the reply (1: somebody heard it) sends the next release back to
+// the script.
+func quietRelease(l *lockState, h *hold, dereg string) bool {
+	return l.quietLast && h.count == 1 && !h.maySurplus && !h.provisional && len(l.holders) == 1 &&
+		l.queue.len == 0 && l.sub == subNone && dereg == "0"
+}
+
 func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 	h := m.holdByID[d.call.hold]
 	l := m.lockByID[d.call.lock]
 	if m.retryOnce(d) {
 		return
+	}
+	if l != nil && l.fair == nil && (d.err != nil || d.reply.Nil || d.reply.Int != 0) {
+		// A release that kept a count (0) says nothing of who listens.
+		l.quietLast = d.err == nil && !d.reply.Nil && d.reply.Int == 2
 	}
 	switch {
 	case d.err != nil:

@@ -1,0 +1,121 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	"github.com/redis/rueidis"
+
+	"github.com/leash-go/leash/internal/scripts"
+)
+
+// The quiet mark (scriptCall.quiet) lets the lone lane release a last count
+// with HDEL and PUBLISH (scripts.QuietReleaser), which grant no registered
+// waiter of another client directly: only releases of a lock on which nobody
+// listened at its last release, and nobody was refused since, carry it.
+
+func TestMachineQuietMarksReleasesOfUncontendedLocks(t *testing.T) {
+	h := newMH(t)
+	lock := func(owner uint64) {
+		t.Helper()
+		w := h.acquire("L", owner, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		h.take()
+		mustGranted(t, "lock", w.future)
+	}
+	release := func(what string, owner uint64, quiet bool, reply scripts.Reply, err error) {
+		t.Helper()
+		call, f := h.unlockCall(t, "L", owner, scripts.LockRelease)
+		if call.quiet != quiet {
+			t.Errorf("%s: quiet = %v, want %v", what, call.quiet, quiet)
+		}
+		h.reply(call, reply, err)
+		if err == nil && !reply.Nil {
+			mustGranted(t, what, f)
+		}
+	}
+
+	// Nothing is known of the lock's listeners before its first release here.
+	lock(7)
+	release("first release", 7, false, replyInt(2), nil)
+	// It found nobody listening: the next one is quiet, and while each finds
+	// nobody, the one after too.
+	lock(7)
+	release("release after a release nobody heard", 7, true, replyInt(2), nil)
+	lock(7)
+	release("and the next", 7, true, replyInt(1), nil)
+	// Somebody heard that one: the script again, until one finds nobody.
+	lock(7)
+	release("release after a release somebody heard", 7, false, replyInt(2), nil)
+
+	// A re-entered hold's first Unlock keeps a count: never quiet. Its last is.
+	lock(7)
+	lock(7)
+	release("release keeping a count", 7, false, replyInt(0), nil)
+	release("last count's release", 7, true, replyInt(2), nil)
+
+	// A release that found the hold gone ends it too.
+	lock(7)
+	release("release before a lost hold's", 7, true, replyNil, nil)
+	lock(7)
+	release("release after a lost hold's", 7, false, replyInt(2), nil)
+
+	// A waiter here: the release hands the lock over, or is the script's.
+	lock(7)
+	release("release before the waiter's", 7, true, replyInt(2), nil)
+	lock(7)
+	h.acquire("L", 10, 0, -1)
+	h.take()
+	h.unlock("L", 7)
+	handoff := h.take().one(t, scripts.LockHandoff)
+	if handoff.quiet {
+		t.Error("the handoff carries the quiet mark")
+	}
+	h.reply(handoff, replyInt(2), nil)
+	h.take()
+	// The waiter subscribed to the lock's channel, and this client listens
+	// while the subscription lasts: the script, which knows whether anybody
+	// else does.
+	release("the waiter's release", 10, false, replyInt(2), nil)
+
+	// A refused attempt (another process holds the lock, and may have waiters
+	// that registered) ends it. (The refused waiter's subscription would keep
+	// the next release from being quiet anyway while it lasts.)
+	if !h.m.locks["L"].quietLast {
+		t.Fatal("the lock is not quiet before the refusal")
+	}
+	w := h.acquire("L", 8, 0, -1)
+	h.reply(h.take().one(t, scripts.LockAcquire), replyPTTL(time.Second), nil)
+	h.take()
+	if h.m.locks["L"].quietLast {
+		t.Error("the lock is still quiet after a refused attempt")
+	}
+	w.cancel()
+	h.take()
+}
+
+// TestMachineQuietEndsAtAFailedRelease: a release that failed (a Redis error:
+// it is not retried) sends the next release of the lock to the script.
+func TestMachineQuietEndsAtAFailedRelease(t *testing.T) {
+	h := newMH(t)
+	cycle := func(what string, owner uint64, quiet bool, reply scripts.Reply, err error) {
+		t.Helper()
+		w := h.acquire("L", owner, 0, -1)
+		h.reply(h.take().one(t, scripts.LockAcquire), replyNil, nil)
+		h.take()
+		mustGranted(t, what, w.future)
+		call, _ := h.unlockCall(t, "L", owner, scripts.LockRelease)
+		if call.quiet != quiet {
+			t.Errorf("%s: quiet = %v, want %v", what, call.quiet, quiet)
+		}
+		h.reply(call, reply, err)
+		for _, c := range h.take().scripts { // the lost hold's owner-guarded release
+			h.reply(c, replyInt(0), nil)
+		}
+		h.take()
+	}
+	cycle("first release", 7, false, replyInt(2), nil)
+	cycle("quiet release that fails", 7, true, scripts.Reply{}, new(rueidis.RedisError))
+	cycle("release after the failure", 8, false, replyInt(2), nil)
+	cycle("and after that one", 8, true, replyInt(2), nil)
+}
