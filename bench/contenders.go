@@ -203,6 +203,30 @@ func (l *leashContender) NewLocker(name string) Locker {
 	return leashLocker{h: l.handle(l.c, name)}
 }
 
+// SharedCommandsSent implements sharedCounter.
+func (l *leashContender) SharedCommandsSent(ctx context.Context) (int64, error) {
+	s, err := l.c.Stats(ctx)
+	return int64(s.SharedPlainCommands), err
+}
+
+// sharedCounter is a contender that sends, outside its scripts, commands that
+// its scripts also run (leash's uncontended paths: HDEL, PUBLISH, LINDEX; see
+// scripts.Redis.SharedCommandsSent). INFO commandstats counts both alike, and
+// those commands are in the contender's scriptOnly list, so the harness adds
+// the count to its requests (RedisWork.addShared).
+type sharedCounter interface {
+	SharedCommandsSent(ctx context.Context) (int64, error)
+}
+
+// sharedSent returns c's count of such commands since it was opened (0 for a
+// contender that sends none).
+func sharedSent(ctx context.Context, c Contender) (int64, error) {
+	if sc, ok := c.(sharedCounter); ok {
+		return sc.SharedCommandsSent(ctx)
+	}
+	return 0, nil
+}
+
 type leashLocker struct{ h *lockapi.Mutex }
 
 func (l leashLocker) Lock(ctx context.Context) error   { return l.h.Lock(ctx) }

@@ -90,6 +90,10 @@ func (s *redisStats) work(ctx context.Context, scriptOnly []string) (RedisWork, 
 	return splitWork(total, calls, scriptOnly), nil
 }
 
+// addShared counts n more requests: commands a client sent outside its scripts
+// that splitWork took for script-only ones (see sharedCounter).
+func (w *RedisWork) addShared(n int64) { w.Requests += n }
+
 // splitWork turns raw counters into RedisWork (see the comment at the top).
 func splitWork(total int64, calls map[string]int64, scriptOnly []string) RedisWork {
 	inScript := map[string]bool{}

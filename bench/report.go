@@ -251,9 +251,10 @@ func markdown(res *Results) string {
 		fmtSum(summarizeBy(res.RTTByRep, func(l Latency) float64 { return l.P50us }), fmtUs),
 		fmtSum(summarizeBy(res.RTTByRep, func(l Latency) float64 { return l.P99us }), fmtUs), m.RTT.Samples)
 	w("Figures are medians over the repetitions with [min–max]; every contender runs in every repetition of each scenario it takes part in, interleaved, the order rotated each time. ")
-	w("*requests* = commands clients sent (a script call counts once); *server commands* also count the commands run inside scripts (see redisstats.go).\n\n")
+	w("*requests* = commands clients sent (a script call counts once); *server commands* also count the commands run inside scripts (see redisstats.go). ")
+	w("leash also sends some of its scripts' commands itself (an uncontended release's HDEL and PUBLISH or LINDEX, a fair lock's uncontended LINDEX): it counts those, and they are added to its requests.\n\n")
 
-	w("## Contenders\n\n| contender | scenarios | how a blocked Lock waits | commands only run inside its scripts |\n| --- | --- | --- | --- |\n")
+	w("## Contenders\n\n| contender | scenarios | how a blocked Lock waits | commands run inside its scripts (not counted as requests) |\n| --- | --- | --- | --- |\n")
 	for _, name := range res.Contenders {
 		k, _ := kindByName(name)
 		// "pubsub|numsub" (a subcommand's commandstats name) must not end the cell.

@@ -138,6 +138,11 @@ func (r *runner) runA(ctx context.Context, kind contenderKind, g, rep int) (ARun
 	if err != nil {
 		return ARun{}, err
 	}
+	shared, err := sharedSent(ctx, c)
+	if err != nil {
+		return ARun{}, err
+	}
+	work.addShared(shared)
 	var all []time.Duration
 	for i := range lats {
 		all = append(all, lats[i]...)

@@ -90,6 +90,11 @@ func (r *runner) runB(ctx context.Context, kind contenderKind, rep int) (BRun, e
 	if err != nil {
 		return BRun{}, err
 	}
+	shared, err := sharedSent(ctx, c)
+	if err != nil {
+		return BRun{}, err
+	}
+	work.addShared(shared)
 	var all []time.Duration
 	for _, l := range lats {
 		all = append(all, l...)

@@ -353,6 +353,10 @@ func summarizeC(contender string, procs, rep, waiters int, msgs []workerMessage,
 			lastRelease = max(lastRelease, h.Released)
 		}
 		all = append(all, d.Holds...)
+		// A worker's plain commands its scripts also run (sharedCounter), counted
+		// with the drain: its waiters' first attempts, in the queueing, find
+		// the lock held, and send none.
+		run.Redis.addShared(d.Shared)
 		run.Acquired += len(d.Holds)
 		run.Stopped += d.Stopped
 		run.Errors += d.Errors

@@ -75,6 +75,8 @@ type workerResult struct {
 	Stopped    int    `json:"stopped"`
 	Errors     int    `json:"errors"`
 	FirstError string `json:"first_error,omitempty"`
+	// Shared is the contender's sharedSent at the end.
+	Shared int64 `json:"shared,omitempty"`
 }
 
 // workerMain runs one worker over in and out and returns the exit status.
@@ -218,6 +220,11 @@ func runWorker(in *bufio.Scanner, enc *lockedEncoder) error {
 	res.Stopped = int(stopped.Load())
 	res.Errors = int(errs.n.Load())
 	res.FirstError = errs.first
+	sctx, scancel := context.WithTimeout(context.Background(), unlockTimeout)
+	defer scancel()
+	if res.Shared, err = sharedSent(sctx, c); err != nil {
+		return fmt.Errorf("counting requests: %w", err)
+	}
 	return enc.Encode(workerMessage{Done: &res})
 }
 

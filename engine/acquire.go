@@ -304,9 +304,9 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 	granted := d.err == nil && d.reply.Nil
 	if l != nil && l.fair == nil && d.err == nil {
 		l.refusedLast = !granted
-		if !granted {
-			l.quietLast = false // held elsewhere: its holder's waiters may listen
-		}
+	}
+	if l != nil && d.err == nil && !granted {
+		l.quietLast = false // held elsewhere: its holder's waiters may listen, or queue
 	}
 	// registered: the attempt carried a registration for direct grants (see
 	// directgrant.go); claimed: it found a grant to the waiter's grant field.

@@ -54,12 +54,14 @@ type scriptCall struct {
 	joining  bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)
 	// fresh: purposeAttempt, a plain lock's first attempt on a lock that looks
 	// free (no local hold, its last attempt not refused): the lone lane may take
-	// it with one plain command (scripts.FreshRunner).
+	// it with one plain command (scripts.FreshRunner); or a fair lock's first
+	// attempt where the lock's last release here found nobody queued (see
+	// fairAttempt): two (scripts.FreshFairRunner).
 	fresh bool
-	// quiet: purposeUnlock, a plain lock's release of its only holder's last
-	// count, with no waiter here and nobody listening at the lock's last release
-	// (lockState.quietLast): the lone lane may take it with two plain commands
-	// (scripts.QuietReleaser).
+	// quiet: purposeUnlock, a lock's release of its only holder's last count,
+	// with no waiter here and nobody listening (or, fair, queued) at the lock's
+	// last release (quietRelease): the lone lane may take it with two plain
+	// commands (scripts.QuietReleaser).
 	quiet    bool
 	batch    []uint64 // purposeRenew: hold ids, in KEYS order
 	check    bool     // purposeRenew: a check of one hold a force-release may have deleted (see checkForced)

@@ -902,24 +902,35 @@ func (e *Engine) doScript(call scriptCall) scriptDone {
 }
 
 // doLone is doScript on the runner's lone lane (at most one call at a time). A
-// fresh attempt goes as the runner's plain command for a free lock, when it has
-// one (scripts.FreshRunner); if that is refused, the script answers, dated at
-// its own send (sentAtOf). A quiet release goes as the runner's plain commands
-// for it, when it has them (scripts.QuietReleaser).
+// fresh attempt goes as the runner's plain commands for a free lock, when it
+// has them (scripts.FreshRunner, scripts.FreshFairRunner); if they do not
+// settle it, the script answers, dated at its own send (sentAtOf). A quiet
+// release goes as the runner's plain commands for it, when it has them
+// (scripts.QuietReleaser).
 func doLone(lone scripts.LoneRunner, call scriptCall) scriptDone {
 	sentAt := time.Now()
-	var (
-		reply scripts.Reply
-		err   error
-	)
-	if f, ok := lone.(scripts.FreshRunner); ok && call.fresh {
-		reply, err = f.RunLoneFresh(context.Background(), call.keys, call.args)
-	} else if q, ok := lone.(scripts.QuietReleaser); ok && call.quiet {
-		reply, err = q.RunLoneQuietRelease(context.Background(), call.keys, call.args)
-	} else {
-		reply, err = lone.RunLone(context.Background(), call.script, call.keys, call.args)
-	}
+	reply, err := runLone(lone, call)
 	return scriptDone{call: call, sentAt: sentAtOf(reply, sentAt), reply: reply, err: err}
+}
+
+// runLone sends call on the lone lane, as plain commands where it can (doLone).
+func runLone(lone scripts.LoneRunner, call scriptCall) (scripts.Reply, error) {
+	ctx := context.Background()
+	switch {
+	case call.fresh && call.script == scripts.FairAcquire:
+		if f, ok := lone.(scripts.FreshFairRunner); ok {
+			return f.RunLoneFreshFair(ctx, call.keys, call.args, channelName(call.keys[0]))
+		}
+	case call.fresh:
+		if f, ok := lone.(scripts.FreshRunner); ok {
+			return f.RunLoneFresh(ctx, call.keys, call.args)
+		}
+	case call.quiet:
+		if q, ok := lone.(scripts.QuietReleaser); ok {
+			return q.RunLoneQuietRelease(ctx, call.script, call.keys, call.args)
+		}
+	}
+	return lone.RunLone(ctx, call.script, call.keys, call.args)
 }
 
 // doBatch is doScript for many calls at once, calls being the batch's calls as

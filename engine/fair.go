@@ -157,8 +157,13 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 	}
 	m.run(scriptCall{
 		joining: joining,
-		script:  scripts.FairAcquire,
-		keys:    l.fair.acquireKeys,
+		// A first attempt on a fair lock whose last release here found nobody
+		// queued, with no hold or other waiter here: the lone lane may take it
+		// with plain commands (scripts.FreshFairRunner).
+		fresh: joining && try != "2" && l.quietLast && len(l.holders) == 0 && l.queue.len == 1 &&
+			l.leaving[w.owner] == 0,
+		script: scripts.FairAcquire,
+		keys:   l.fair.acquireKeys,
 		args: []string{millis(lease), m.waiterField(w), millis(m.cfg.fairWait), wallMillis(now), try,
 			register, claim},
 		purpose: purposeAttempt,

@@ -229,10 +229,15 @@ type lockState struct {
 	// is not sent as fresh (scriptCall.fresh), which would likely cost a refused
 	// plain command before the script. It outlives the state (refusedNames).
 	refusedLast bool
-	// quietLast: the last release of the lock from here found nobody listening
-	// on its unlock channel (lock_release's reply 2), and no attempt of this
-	// client's was refused since. A last-count release may then go as two plain
-	// commands (scriptCall.quiet).
+	// quietLast: a hint that nobody else waits for the lock. It is set by a
+	// lock_release or fair_release reply of 2 (nobody listened on the unlock
+	// channel; nobody was queued), cleared by any other reply of theirs but 0 and
+	// by a refused attempt; releases by the other scripts (handoffs, give-backs,
+	// leaves) leave it as it is, and a refusal answered before a release sent
+	// earlier is overridden by that release's reply. A last-count release may then
+	// go as two plain commands (scriptCall.quiet), and a fair lock's first attempt
+	// too (scriptCall.fresh). A wrong hint costs a registered waiter of another
+	// client one PublicYield (plain lock), or the call a round trip more (fair).
 	quietLast bool
 
 	queue queue // waiters in arrival order; the head is the one that retries
@@ -559,10 +564,16 @@ func isRedisError(err error) bool {
 // direct grants that nobody could take. EarlyGrants counts local handoffs that
 // granted before their reply (see handoff.go), relayed ones included; Relays counts
 // those that needed no call of their own (see relay.go).
+//
+// SharedPlainCommands is not the engine's: a client (lockapi) fills it with its
+// runner's count of plain commands sent that the scripts also run inside Lua
+// (scripts.Redis.SharedCommandsSent), for tools that count requests from INFO
+// commandstats.
 type Stats struct {
 	Acquires, Attempts, Grants, Handoffs, Revoked, Notices uint64
 	DirectGrants, GrantsGivenBack, EarlyGrants, Relays     uint64
 	ScriptCalls, Renewals, Subscribes                      uint64
+	SharedPlainCommands                                    uint64
 	Waiters, Holds, Locks, Receipts                        int
 }
 

@@ -119,3 +119,48 @@ func TestMachineQuietEndsAtAFailedRelease(t *testing.T) {
 	cycle("release after the failure", 8, false, replyInt(2), nil)
 	cycle("and after that one", 8, true, replyInt(2), nil)
 }
+
+// TestMachineQuietFairReleases: a fair lock's last-count release is quiet, and
+// the first attempt after it fresh, once its last release found nobody queued
+// (fair_release's reply 2); neither after a release that passed the lock on (1)
+// or an attempt that was refused.
+func TestMachineQuietFairReleases(t *testing.T) {
+	h := newMH(t)
+	cycle := func(what string, quiet bool, reply scripts.Reply) {
+		t.Helper()
+		w := h.acquireFair("L", 7)
+		att := h.take().one(t, scripts.FairAcquire)
+		if att.fresh != quiet {
+			t.Errorf("%s: the attempt's fresh = %v, want %v", what, att.fresh, quiet)
+		}
+		h.reply(att, replyNil, nil)
+		h.take()
+		mustGranted(t, what, w.future)
+		call, f := h.unlockCall(t, "L", 7, scripts.FairRelease)
+		if call.quiet != quiet {
+			t.Errorf("%s: quiet = %v, want %v", what, call.quiet, quiet)
+		}
+		h.reply(call, reply, nil)
+		h.take()
+		mustGranted(t, what, f)
+	}
+	cycle("first cycle", false, replyInt(2))
+	cycle("cycle after a release that found nobody queued", true, replyInt(2))
+	cycle("and the next", true, replyInt(1))
+	cycle("cycle after a release that passed the lock on", false, replyInt(2))
+	cycle("and after one that found nobody again", true, replyInt(2))
+
+	// A refused attempt: somebody else holds the lock, and others may queue.
+	w := h.acquireFair("L", 8)
+	att := h.take().one(t, scripts.FairAcquire)
+	if !att.fresh {
+		t.Error("the attempt before the refusal is not fresh")
+	}
+	h.reply(att, replyPTTL(time.Second), nil)
+	h.take()
+	if h.m.locks["L"].quietLast {
+		t.Error("the fair lock is still quiet after a refused attempt")
+	}
+	w.cancel()
+	h.take()
+}

@@ -78,6 +78,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 		call.script = scripts.FairRelease
 		call.keys = l.fair.keys
 		call.args = append(call.args, wallMillis(now), millis(m.cfg.fairWait))
+		call.quiet = quietRelease(l, h, "0")
 	} else {
 		// Direct grants (directgrant.go): the release skips this client's own
 		// registration, and drops it when no local waiter is left.
@@ -103,10 +104,13 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 // two plain commands (scriptCall.quiet): h is l's only hold here, at one count
 // the server counts too, nobody here waits for l or listens on its channel, the
 // release drops no registration, and the lock's last release found nobody
-// listening. Then the script's direct grant has nobody to go to unless another
-// client's waiter registered since; that waiter takes the unlock message
-// instead, and the reply (1: somebody heard it) sends the next release back to
-// the script.
+// listening (a plain lock) or nobody queued (a fair lock): its reply was 2.
+//
+// For the plain lock, the script's direct grant then has nobody to go to unless
+// another client's waiter registered since; that waiter takes the unlock
+// message instead, and the reply (1: somebody heard it) sends the next release
+// back to the script. For the fair lock, a queue found by the pair is passed on
+// by the script after all, a round trip later (scripts.QuietReleaser).
 func quietRelease(l *lockState, h *hold, dereg string) bool {
 	return l.quietLast && h.count == 1 && !h.maySurplus && !h.provisional && len(l.holders) == 1 &&
 		l.queue.len == 0 && l.sub == subNone && dereg == "0"
@@ -118,7 +122,7 @@ func (m *machine) onUnlockDone(d scriptDone, now time.Time) {
 	if m.retryOnce(d) {
 		return
 	}
-	if l != nil && l.fair == nil && (d.err != nil || d.reply.Nil || d.reply.Int != 0) {
+	if l != nil && (d.err != nil || d.reply.Nil || d.reply.Int != 0) {
 		// A release that kept a count (0) says nothing of who listens.
 		l.quietLast = d.err == nil && !d.reply.Nil && d.reply.Int == 2
 	}

@@ -197,7 +197,11 @@ func (c *Client) Stats(ctx context.Context) (engine.Stats, error) {
 	if c.isClosed() {
 		return engine.Stats{}, ErrClosed
 	}
-	return c.engine.Stats(ctx)
+	s, err := c.engine.Stats(ctx)
+	if err == nil {
+		s.SharedPlainCommands = c.runner.SharedCommandsSent()
+	}
+	return s, err
 }
 
 // redisErr wraps an error of a direct read, keeping context errors as they are.

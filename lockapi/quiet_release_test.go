@@ -35,7 +35,7 @@ func TestQuietReleaseCommands(t *testing.T) {
 	lockWithin(t, m, 5*time.Second)
 	unlock(t, m)
 	const cycles = 20
-	before := commandsOf(t, srv)
+	before, shared := commandsOf(t, srv), stats(t, c).SharedPlainCommands
 	for range cycles {
 		lockWithin(t, m, 5*time.Second)
 		unlock(t, m)
@@ -46,6 +46,11 @@ func TestQuietReleaseCommands(t *testing.T) {
 		if got := after[cmd] - before[cmd]; got != want {
 			t.Errorf("%d cycles sent %d %s, want %d (before %v, after %v)", cycles, got, cmd, want, before, after)
 		}
+	}
+	// What the client counts as sent outside scripts (for the benchmark's
+	// request counts): every HDEL and PUBLISH, as no script ran.
+	if got := stats(t, c).SharedPlainCommands - shared; got != 2*cycles {
+		t.Errorf("SharedPlainCommands grew by %d, want %d", got, 2*cycles)
 	}
 }
 
@@ -124,4 +129,167 @@ func TestQuietReleaseWakesRegisteredWaiter(t *testing.T) {
 	}
 	unlock(t, mb)
 	freedSoon(t, srv, name)
+}
+
+// TestQuietFairReleaseCommands: one goroutine taking and releasing a fair lock
+// nobody else uses costs RESTORE and LINDEX, then HDEL and LINDEX per cycle, and
+// no script call, once its first release (the script) found nobody queued.
+func TestQuietFairReleaseCommands(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	c := newClient(t, srv, lockapi.Options{})
+	name := fairName(t, "")
+	m := c.FairMutex(name)
+	lockWithin(t, m, 5*time.Second)
+	unlock(t, m)
+	const cycles = 20
+	before, shared := commandsOf(t, srv), stats(t, c).SharedPlainCommands
+	for range cycles {
+		lockWithin(t, m, 5*time.Second)
+		unlock(t, m)
+		mustBeLocked(t, srv, name, false)
+	}
+	after := commandsOf(t, srv)
+	if got := stats(t, c).SharedPlainCommands - shared; got != 3*cycles {
+		t.Errorf("SharedPlainCommands grew by %d, want %d (an HDEL and two LINDEXes a cycle)", got, 3*cycles)
+	}
+	// The first attempt after a release that found nobody queued is RESTORE and
+	// LINDEX (scripts.RunLoneFreshFair).
+	for cmd, want := range map[string]int64{"evalsha": 0, "eval": 0, "restore": cycles, "hdel": cycles, "lindex": 2 * cycles, "del": 0} {
+		if got := after[cmd] - before[cmd]; got != want {
+			t.Errorf("%d cycles sent %d %s, want %d (before %v, after %v)", cycles, got, cmd, want, before, after)
+		}
+	}
+	fairMustBeClean(t, srv, name)
+}
+
+// TestQuietFairReleasePassesOn: a fair lock held by a client whose last release
+// found nobody queued, with waiters of another client queued behind it: the
+// quiet release finds the queue and passes the lock on, and the waiters get it
+// in their order.
+func TestQuietFairReleasePassesOn(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	a := newClient(t, srv, lockapi.Options{})
+	b := newClient(t, srv, lockapi.Options{})
+	name := fairName(t, "")
+	ma := a.FairMutex(name)
+	lockWithin(t, ma, 5*time.Second)
+	unlock(t, ma)
+	lockWithin(t, ma, 5*time.Second)
+	ctx := fairCtx(t, 20*time.Second)
+	mb1, mb2 := b.FairMutex(name), b.FairMutex(name)
+	first, _ := fairEnqueue(t, srv, mb1, ctx, 1)
+	second, _ := fairEnqueue(t, srv, mb2, ctx, 2)
+	before := commandsOf(t, srv)
+	unlock(t, ma)
+	if after := commandsOf(t, srv); after["hdel"] == before["hdel"] {
+		t.Errorf("a's release was not quiet (commands before %v, after %v)", before, after)
+	}
+	fairMustGet(t, "b's first waiter", first)
+	if still, err := fairStillWaiting(second, 50*time.Millisecond); !still {
+		t.Fatalf("b's second waiter got %v while the first holds", err)
+	}
+	unlock(t, mb1)
+	fairMustGet(t, "b's second waiter", second)
+	unlock(t, mb2)
+	fairMustBeClean(t, srv, name)
+}
+
+// TestFreshFairAttemptBehindAQueue: a leash client whose last release of a fair
+// lock found nobody queued takes its next first attempt with RESTORE and LINDEX.
+// Here the lock is free but a foreign (Redisson-like) waiter heads the queue,
+// woken by the previous holder's release and not yet in: the RESTORE takes the
+// lock past it for a moment, LINDEX finds it, and the lock goes back to it (it is
+// woken again) while the leash waiter queues behind it. The foreign waiter gets
+// the lock first, the leash waiter once it releases.
+func TestFreshFairAttemptBehindAQueue(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	c := newClient(t, srv, lockapi.Options{})
+	name := fairName(t, "")
+	m := c.FairMutex(name)
+	lockWithin(t, m, 5*time.Second)
+	unlock(t, m) // nobody queued: the next first attempt is fresh
+
+	holder, waiter := newFairForeign(t, srv, 5*time.Second), newFairForeign(t, srv, 5*time.Second)
+	if got := holder.acquire(t, name, 10*time.Second); got != "" {
+		t.Fatalf("foreign holder's acquire = %q, want held", got)
+	}
+	msgs := waiter.listen(t, name)
+	if got := waiter.acquire(t, name, 10*time.Second); got == "" {
+		t.Fatal("the foreign waiter took a held lock")
+	}
+	if got := holder.release(t, name, 10*time.Second); got != "1" {
+		t.Fatalf("foreign holder's release = %q, want 1", got)
+	}
+	if msg, ok := fairRecvString(msgs, 5*time.Second); !ok || msg != "0" {
+		t.Fatalf("the foreign waiter was not woken by the release (%q, %v)", msg, ok)
+	}
+
+	before := commandsOf(t, srv)
+	acq := m.Acquire(fairCtx(t, 20*time.Second))
+	fairWaitLen(t, srv, fairQueueKey(name), 2, 5*time.Second)
+	if after := commandsOf(t, srv); after["restore"] != before["restore"]+1 {
+		t.Errorf("the leash attempt was not fresh: %d RESTOREs", after["restore"]-before["restore"])
+	}
+	if q := fairList(t, srv, fairQueueKey(name)); q[0] != waiter.owner {
+		t.Fatalf("queue %q: the foreign waiter no longer heads it", q)
+	}
+	mustBeLocked(t, srv, name, false)
+	if msg, ok := fairRecvString(msgs, 5*time.Second); !ok || msg != "0" {
+		t.Errorf("the foreign waiter was not woken when the lock went back (%q, %v)", msg, ok)
+	}
+	if got := waiter.acquire(t, name, 10*time.Second); got != "" {
+		t.Fatalf("the foreign waiter's acquire at the head of the queue = %q, want held", got)
+	}
+	if still, err := fairStillWaiting(acq, 50*time.Millisecond); !still {
+		t.Fatalf("the leash waiter got %v while the foreign one holds", err)
+	}
+	if got := waiter.release(t, name, 10*time.Second); got != "1" {
+		t.Fatalf("foreign waiter's release = %q, want 1", got)
+	}
+	fairMustGet(t, "the leash waiter", acq)
+	unlock(t, m)
+	fairMustBeClean(t, srv, name)
+}
+
+// fairRecvString waits up to d for a message.
+func fairRecvString(ch <-chan string, d time.Duration) (string, bool) {
+	select {
+	case s := <-ch:
+		return s, true
+	case <-time.After(d):
+		return "", false
+	}
+}
+
+// TestQuietReleaseWithoutChannelPermission: a client whose ACL user may run any
+// command on any key but publish on no channel (Redis 7's default channel
+// permissions for a new user). The release script publishes only to listeners,
+// so its uncontended releases never needed to; the quiet release's PUBLISH is
+// refused after its HDEL ran. That release still counts as done, and the client
+// sends its releases as the script from then on: every Unlock returns nil,
+// nothing is reported lost, and the lock is free after each.
+func TestQuietReleaseWithoutChannelPermission(t *testing.T) {
+	t.Parallel()
+	srv := testredis.New(t)
+	do(t, srv, "ACL", "SETUSER", "nopub", "on", ">pw", "~*", "resetchannels", "+@all")
+	c := newClient(t, srv, lockapi.Options{Username: "nopub", Password: "pw"})
+	name := lockName(t, "")
+	m := c.Mutex(name)
+	for i := range 6 {
+		lockWithin(t, m, 5*time.Second)
+		lost := m.Lost()
+		if err := m.Unlock(ctxFor(t, 5*time.Second)); err != nil {
+			t.Errorf("cycle %d: Unlock = %v, want nil", i, err)
+		}
+		if isClosed(lost) {
+			t.Errorf("cycle %d: Lost closed by an Unlock that released the lock", i)
+		}
+		mustBeLocked(t, srv, name, false)
+	}
+	if n := commandsOf(t, srv)["hdel"]; n == 0 {
+		t.Error("no HDEL ran: the test does not reach the quiet release")
+	}
 }

@@ -285,17 +285,22 @@ func TestLockReplyLost(t *testing.T) {
 		reenter bool
 		cancel  bool          // the context ends once the reply is cut (ctxEndingAfterCut); else a long one
 		wait    time.Duration // > 0: WithWait(wait) instead of a context's end
+		// script: the handle's client has not released the lock yet, so a fair
+		// lock's first attempt is the script (else RESTORE and LINDEX).
+		script bool
 	}{
-		{"Mutex-wait", false, false, false, 5 * time.Millisecond},
-		{"FairMutex-wait", true, false, false, 5 * time.Millisecond},
-		{"Mutex", false, false, false, 0},
-		{"Mutex-cancel", false, false, true, 0},
-		{"Mutex-reenter", false, true, false, 0},
-		{"Mutex-reenter-cancel", false, true, true, 0},
-		{"FairMutex", true, false, false, 0},
-		{"FairMutex-cancel", true, false, true, 0},
-		{"FairMutex-reenter", true, true, false, 0},
-		{"FairMutex-reenter-cancel", true, true, true, 0},
+		{"Mutex-wait", false, false, false, 5 * time.Millisecond, false},
+		{"FairMutex-wait", true, false, false, 5 * time.Millisecond, false},
+		{"Mutex", false, false, false, 0, false},
+		{"Mutex-cancel", false, false, true, 0, false},
+		{"Mutex-reenter", false, true, false, 0, false},
+		{"Mutex-reenter-cancel", false, true, true, 0, false},
+		{"FairMutex", true, false, false, 0, false},
+		{"FairMutex-cancel", true, false, true, 0, false},
+		{"FairMutex-script", true, false, false, 0, true},
+		{"FairMutex-script-cancel", true, false, true, 0, true},
+		{"FairMutex-reenter", true, true, false, 0, false},
+		{"FairMutex-reenter-cancel", true, true, true, 0, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -308,10 +313,14 @@ func TestLockReplyLost(t *testing.T) {
 			m := handle(c)
 			// Warm the script cache: the reply to drop is the script's (or the
 			// RESTORE's, below).
-			lockWithin(t, m, 5*time.Second)
-			lockWithin(t, m, 5*time.Second)
-			unlock(t, m)
-			unlock(t, m)
+			warm := m
+			if tc.script {
+				warm = handle(other)
+			}
+			lockWithin(t, warm, 5*time.Second)
+			lockWithin(t, warm, 5*time.Second)
+			unlock(t, warm)
+			unlock(t, warm)
 			freedSoon(t, srv, name)
 			held := 0
 			if tc.reenter {
@@ -320,13 +329,15 @@ func TestLockReplyLost(t *testing.T) {
 			}
 			field := engine.OwnerField(c.ID(), 1)
 			switch {
-			case tc.fair:
+			case tc.fair && (tc.reenter || tc.script):
 				proxy.arm(stormSHA(scripts.FairAcquire))
 			case tc.reenter:
 				proxy.arm(stormSHA(scripts.LockAcquire))
 			default:
 				// A first attempt on a lock that looks free goes as a RESTORE
-				// (scripts.FreshRunner): its reply is the one to lose.
+				// (scripts.FreshRunner), with a LINDEX for a fair lock whose last
+				// release here found nobody queued (scripts.FreshFairRunner):
+				// its reply is the one to lose.
 				proxy.arm("RESTORE")
 			}
 			ctx := ctxFor(t, 10*time.Second)

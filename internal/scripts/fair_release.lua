@@ -16,7 +16,8 @@
 --          nothing is decremented (a retry of a release that ran)
 -- Reply: nil when the owner does not hold the lock (if the lock is free, it is still
 --        passed on, so the queue keeps moving); 0 when the owner still holds it;
---        1 when the lock was released and passed on.
+--        1 when the lock was released and passed on; 2 when it was released and
+--        nobody was queued (after the purge of stale heads).
 local now = tonumber(ARGV[4])
 local wait = tonumber(ARGV[5])
 local head = purge_stale(KEYS[2], KEYS[3], KEYS[5], now)
@@ -39,5 +40,8 @@ if count ~= '1' and redis.call('hincrby', KEYS[1], ARGV[3], -1) > 0 then
     return 0
 end
 redis.call('del', KEYS[1])
+if head == false then
+    return 2
+end
 pass_on(head, KEYS[1], KEYS[2], KEYS[3], KEYS[5], KEYS[4], now, wait, ARGV[1])
 return 1

@@ -210,103 +210,105 @@ func (c fairCase) check(t *testing.T, e *env, f fair, w *watcher, what string, r
 
 // ---- fair_acquire ----
 
+// fairAcquireCases are fair_acquire's cases, shared with RunLoneFreshFair's test.
+var fairAcquireCases = []fairCase{
+	{name: "free, empty queue", owner: "A", want: "nil", wantHash: "A=1", wantLease: lease},
+	{name: "reentry", hash: "A=1", pttl: 1_000, owner: "A", want: "nil", wantHash: "A=2", wantLease: lease},
+	{name: "reentry with others queued", hash: "A=1", queue: "B:+25000", owner: "A",
+		want: "nil", wantHash: "A=2", wantQueue: "B:+25000", wantLease: lease},
+
+	// queueing
+	{name: "held: first waiter waits the PTTL", hash: "A=1", owner: "B",
+		want: "pttl", wantHash: "A=1", wantQueue: "B:+%d"},
+	{name: "held, no expiry: first waiter", hash: "A=1", pttl: -1, owner: "B",
+		want: "-1", wantHash: "A=1", wantQueue: "B:+4999"},
+	{name: "second waiter waits until the first could go stale", hash: "A=1", queue: "B:+25000", owner: "C", at: 100,
+		want: "24900", wantHash: "A=1", wantQueue: "B:+25000 C:+30000"},
+	{name: "third waiter", hash: "A=1", queue: "B:+25000 C:+30000", owner: "D", at: 100,
+		want: "29900", wantHash: "A=1", wantQueue: "B:+25000 C:+30000 D:+35000"},
+	{name: "free lock with a live head: queue behind it", queue: "X:+25000", owner: "B",
+		want: "25000", wantQueue: "X:+25000 B:+30000"},
+
+	// asking again
+	{name: "head asks again, deadline kept", hash: "A=1", queue: "B:+25000 C:+30000", owner: "B", at: 100,
+		want: "pttl", wantHash: "A=1", wantQueue: "B:+25000 C:+30000"},
+	{name: "head asks again, deadline refreshed", hash: "A=1", queue: "B:+3000 C:+30000", owner: "B", at: 1_000,
+		want: "pttl", wantHash: "A=1", wantQueue: "B:+6000 C:+30000"},
+	{name: "head asks again, no expiry", hash: "A=1", pttl: -1, queue: "B:+25000", owner: "B",
+		want: "-1", wantHash: "A=1", wantQueue: "B:+25000"},
+	{name: "second asks again, deadline kept", hash: "A=1", queue: "B:+25000 C:+30000", owner: "C", at: 1_000,
+		want: "24000", wantHash: "A=1", wantQueue: "B:+25000 C:+30000"},
+	{name: "second asks again, deadline refreshed", hash: "A=1", queue: "B:+25000 C:+2000", owner: "C", at: 1_000,
+		want: "24000", wantHash: "A=1", wantQueue: "B:+25000 C:+6000"},
+	{name: "third asks again: the one just ahead counts", hash: "A=1", queue: "B:+25000 C:+30000 D:+35000",
+		owner: "D", at: 1_000, want: "29000", wantHash: "A=1", wantQueue: "B:+25000 C:+30000 D:+35000"},
+	{name: "free lock, second asks again behind a live head", queue: "B:+25000 C:+30000", owner: "C", at: 1_000,
+		want: "24000", wantQueue: "B:+25000 C:+30000"},
+
+	// purging stale heads
+	{name: "stale head purged, next acquires", queue: "B:+1000 C:+30000", owner: "C", at: 1_000,
+		want: "nil", wantHash: "C=1", wantLease: lease},
+	{name: "head one ms before its deadline is not purged", queue: "B:+1001 C:+30000", owner: "C", at: 1_000,
+		want: "1", wantQueue: "B:+1001 C:+30000"},
+	{name: "stale heads purged in a row", queue: "B:+500 C:+1000 D:+30000 E:+35000", owner: "D", at: 1_000,
+		want: "nil", wantHash: "D=1", wantQueue: "E:+6000", wantLease: lease}, // E heads now: at most now + allowance
+	{name: "stale head purged while held: newcomer waits the PTTL", hash: "A=1", queue: "B:+1000", owner: "C",
+		at: 1_000, want: "pttl", wantHash: "A=1", wantQueue: "C:+%d"},
+	{name: "only heads are purged", hash: "A=1", queue: "B:+25000 C:+500", owner: "A", at: 1_000,
+		want: "nil", wantHash: "A=2", wantQueue: "B:+25000 C:+500", wantLease: lease},
+	{name: "head without a deadline counts as stale", queue: "B:none C:+30000", owner: "C",
+		want: "nil", wantHash: "C=1", wantLease: lease},
+
+	// single try
+	{name: "single try, free", owner: "B", single: true, want: "nil", wantHash: "B=1", wantLease: lease},
+	{name: "single try, held: never queues", hash: "A=1", owner: "B", single: true,
+		want: "1", wantHash: "A=1"},
+	{name: "single try, free lock with a live head", queue: "X:+25000", owner: "B", single: true,
+		want: "1", wantQueue: "X:+25000"},
+	{name: "single try, reentry", hash: "B=1", owner: "B", single: true, want: "nil", wantHash: "B=2", wantLease: lease},
+	{name: "single try by the head of a free lock", queue: "B:+25000 C:+30000", owner: "B", single: true,
+		want: "nil", wantHash: "B=1", wantQueue: "C:+5000", wantLease: lease},
+
+	// join only
+	{name: "join only, free lock, empty queue: queued, not taken", owner: "B", joinOnly: true,
+		want: "-2", wantQueue: "B:+4998"}, // the deadline is PTTL (-2) + allowance
+	{name: "join only, held: queued as usual", hash: "A=1", owner: "B", joinOnly: true,
+		want: "pttl", wantHash: "A=1", wantQueue: "B:+%d"},
+	{name: "join only, reentry still re-enters", hash: "B=1", owner: "B", joinOnly: true,
+		want: "nil", wantHash: "B=2", wantLease: lease},
+
+	// moving up on acquisition
+	// O(1) per grant: only the new head's deadline comes down, to at most now +
+	// allowance; the deadlines behind it stay (Redisson lowers them all).
+	{name: "acquisition caps only the new head's deadline", queue: "B:+20000 C:+25000 D:+40000", owner: "B",
+		want: "nil", wantHash: "B=1", wantQueue: "C:+5000 D:+40000", wantLease: lease},
+	{name: "a new head's deadline is never raised", queue: "B:+20000 C:+3000 D:+9000 E:+30000",
+		owner: "B", at: 1_000, want: "nil", wantHash: "B=1", wantQueue: "C:+3000 D:+9000 E:+30000", wantLease: lease},
+	{name: "acquisition without a queue touches no deadline", owner: "B", queue: "~Z:+90000",
+		want: "nil", wantHash: "B=1", wantQueue: "~Z:+90000", wantLease: lease},
+
+	// direct grants
+	{name: "queueing registers for a direct grant", hash: "A=1", owner: "B", register: "45000:7",
+		want: "pttl", wantHash: "A=1", wantQueue: "B:+%d", wantGrants: "B=45000:7"},
+	{name: "asking again re-registers", hash: "A=1", queue: "B:+25000", grants: "B=45000:7", owner: "B",
+		register: "45000:9", want: "pttl", wantHash: "A=1", wantQueue: "B:+25000", wantGrants: "B=45000:9"},
+	{name: "asking again without registering drops the registration", hash: "A=1", queue: "B:+25000",
+		grants: "B=45000:7", owner: "B", want: "pttl", wantHash: "A=1", wantQueue: "B:+25000"},
+	{name: "a single try never registers", hash: "A=1", owner: "B", single: true, register: "45000:7",
+		want: "1", wantHash: "A=1"},
+	{name: "claim: an unheard direct grant is taken as it is", hash: "B=1", pttl: 1_000, owner: "B", claim: true,
+		want: "nil", wantHash: "B=1", wantLease: lease},
+	{name: "the head taking the lock drops its registration", queue: "B:+25000 C:+30000",
+		grants: "B=45000:7 C=45000:8", owner: "B", want: "nil", wantHash: "B=1", wantQueue: "C:+5000",
+		wantGrants: "C=45000:8", wantLease: lease},
+	{name: "a purged head loses its registration", queue: "B:+1000 C:+30000", grants: "B=45000:7",
+		owner: "C", at: 1_000, want: "nil", wantHash: "C=1", wantLease: lease},
+}
+
 func TestFairAcquire(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	cases := []fairCase{
-		{name: "free, empty queue", owner: "A", want: "nil", wantHash: "A=1", wantLease: lease},
-		{name: "reentry", hash: "A=1", pttl: 1_000, owner: "A", want: "nil", wantHash: "A=2", wantLease: lease},
-		{name: "reentry with others queued", hash: "A=1", queue: "B:+25000", owner: "A",
-			want: "nil", wantHash: "A=2", wantQueue: "B:+25000", wantLease: lease},
-
-		// queueing
-		{name: "held: first waiter waits the PTTL", hash: "A=1", owner: "B",
-			want: "pttl", wantHash: "A=1", wantQueue: "B:+%d"},
-		{name: "held, no expiry: first waiter", hash: "A=1", pttl: -1, owner: "B",
-			want: "-1", wantHash: "A=1", wantQueue: "B:+4999"},
-		{name: "second waiter waits until the first could go stale", hash: "A=1", queue: "B:+25000", owner: "C", at: 100,
-			want: "24900", wantHash: "A=1", wantQueue: "B:+25000 C:+30000"},
-		{name: "third waiter", hash: "A=1", queue: "B:+25000 C:+30000", owner: "D", at: 100,
-			want: "29900", wantHash: "A=1", wantQueue: "B:+25000 C:+30000 D:+35000"},
-		{name: "free lock with a live head: queue behind it", queue: "X:+25000", owner: "B",
-			want: "25000", wantQueue: "X:+25000 B:+30000"},
-
-		// asking again
-		{name: "head asks again, deadline kept", hash: "A=1", queue: "B:+25000 C:+30000", owner: "B", at: 100,
-			want: "pttl", wantHash: "A=1", wantQueue: "B:+25000 C:+30000"},
-		{name: "head asks again, deadline refreshed", hash: "A=1", queue: "B:+3000 C:+30000", owner: "B", at: 1_000,
-			want: "pttl", wantHash: "A=1", wantQueue: "B:+6000 C:+30000"},
-		{name: "head asks again, no expiry", hash: "A=1", pttl: -1, queue: "B:+25000", owner: "B",
-			want: "-1", wantHash: "A=1", wantQueue: "B:+25000"},
-		{name: "second asks again, deadline kept", hash: "A=1", queue: "B:+25000 C:+30000", owner: "C", at: 1_000,
-			want: "24000", wantHash: "A=1", wantQueue: "B:+25000 C:+30000"},
-		{name: "second asks again, deadline refreshed", hash: "A=1", queue: "B:+25000 C:+2000", owner: "C", at: 1_000,
-			want: "24000", wantHash: "A=1", wantQueue: "B:+25000 C:+6000"},
-		{name: "third asks again: the one just ahead counts", hash: "A=1", queue: "B:+25000 C:+30000 D:+35000",
-			owner: "D", at: 1_000, want: "29000", wantHash: "A=1", wantQueue: "B:+25000 C:+30000 D:+35000"},
-		{name: "free lock, second asks again behind a live head", queue: "B:+25000 C:+30000", owner: "C", at: 1_000,
-			want: "24000", wantQueue: "B:+25000 C:+30000"},
-
-		// purging stale heads
-		{name: "stale head purged, next acquires", queue: "B:+1000 C:+30000", owner: "C", at: 1_000,
-			want: "nil", wantHash: "C=1", wantLease: lease},
-		{name: "head one ms before its deadline is not purged", queue: "B:+1001 C:+30000", owner: "C", at: 1_000,
-			want: "1", wantQueue: "B:+1001 C:+30000"},
-		{name: "stale heads purged in a row", queue: "B:+500 C:+1000 D:+30000 E:+35000", owner: "D", at: 1_000,
-			want: "nil", wantHash: "D=1", wantQueue: "E:+6000", wantLease: lease}, // E heads now: at most now + allowance
-		{name: "stale head purged while held: newcomer waits the PTTL", hash: "A=1", queue: "B:+1000", owner: "C",
-			at: 1_000, want: "pttl", wantHash: "A=1", wantQueue: "C:+%d"},
-		{name: "only heads are purged", hash: "A=1", queue: "B:+25000 C:+500", owner: "A", at: 1_000,
-			want: "nil", wantHash: "A=2", wantQueue: "B:+25000 C:+500", wantLease: lease},
-		{name: "head without a deadline counts as stale", queue: "B:none C:+30000", owner: "C",
-			want: "nil", wantHash: "C=1", wantLease: lease},
-
-		// single try
-		{name: "single try, free", owner: "B", single: true, want: "nil", wantHash: "B=1", wantLease: lease},
-		{name: "single try, held: never queues", hash: "A=1", owner: "B", single: true,
-			want: "1", wantHash: "A=1"},
-		{name: "single try, free lock with a live head", queue: "X:+25000", owner: "B", single: true,
-			want: "1", wantQueue: "X:+25000"},
-		{name: "single try, reentry", hash: "B=1", owner: "B", single: true, want: "nil", wantHash: "B=2", wantLease: lease},
-		{name: "single try by the head of a free lock", queue: "B:+25000 C:+30000", owner: "B", single: true,
-			want: "nil", wantHash: "B=1", wantQueue: "C:+5000", wantLease: lease},
-
-		// join only
-		{name: "join only, free lock, empty queue: queued, not taken", owner: "B", joinOnly: true,
-			want: "-2", wantQueue: "B:+4998"}, // the deadline is PTTL (-2) + allowance
-		{name: "join only, held: queued as usual", hash: "A=1", owner: "B", joinOnly: true,
-			want: "pttl", wantHash: "A=1", wantQueue: "B:+%d"},
-		{name: "join only, reentry still re-enters", hash: "B=1", owner: "B", joinOnly: true,
-			want: "nil", wantHash: "B=2", wantLease: lease},
-
-		// moving up on acquisition
-		// O(1) per grant: only the new head's deadline comes down, to at most now +
-		// allowance; the deadlines behind it stay (Redisson lowers them all).
-		{name: "acquisition caps only the new head's deadline", queue: "B:+20000 C:+25000 D:+40000", owner: "B",
-			want: "nil", wantHash: "B=1", wantQueue: "C:+5000 D:+40000", wantLease: lease},
-		{name: "a new head's deadline is never raised", queue: "B:+20000 C:+3000 D:+9000 E:+30000",
-			owner: "B", at: 1_000, want: "nil", wantHash: "B=1", wantQueue: "C:+3000 D:+9000 E:+30000", wantLease: lease},
-		{name: "acquisition without a queue touches no deadline", owner: "B", queue: "~Z:+90000",
-			want: "nil", wantHash: "B=1", wantQueue: "~Z:+90000", wantLease: lease},
-
-		// direct grants
-		{name: "queueing registers for a direct grant", hash: "A=1", owner: "B", register: "45000:7",
-			want: "pttl", wantHash: "A=1", wantQueue: "B:+%d", wantGrants: "B=45000:7"},
-		{name: "asking again re-registers", hash: "A=1", queue: "B:+25000", grants: "B=45000:7", owner: "B",
-			register: "45000:9", want: "pttl", wantHash: "A=1", wantQueue: "B:+25000", wantGrants: "B=45000:9"},
-		{name: "asking again without registering drops the registration", hash: "A=1", queue: "B:+25000",
-			grants: "B=45000:7", owner: "B", want: "pttl", wantHash: "A=1", wantQueue: "B:+25000"},
-		{name: "a single try never registers", hash: "A=1", owner: "B", single: true, register: "45000:7",
-			want: "1", wantHash: "A=1"},
-		{name: "claim: an unheard direct grant is taken as it is", hash: "B=1", pttl: 1_000, owner: "B", claim: true,
-			want: "nil", wantHash: "B=1", wantLease: lease},
-		{name: "the head taking the lock drops its registration", queue: "B:+25000 C:+30000",
-			grants: "B=45000:7 C=45000:8", owner: "B", want: "nil", wantHash: "B=1", wantQueue: "C:+5000",
-			wantGrants: "C=45000:8", wantLease: lease},
-		{name: "a purged head loses its registration", queue: "B:+1000 C:+30000", grants: "B=45000:7",
-			owner: "C", at: 1_000, want: "nil", wantHash: "C=1", wantLease: lease},
-	}
-	for i, tc := range cases {
+	for i, tc := range fairAcquireCases {
 		t.Run(tc.name, func(t *testing.T) {
 			f := fairLock(fmt.Sprintf("fa%d", i))
 			w := tc.setup(t, e, f)
@@ -383,7 +385,7 @@ func TestFairRelease(t *testing.T) {
 	cases := []fairCase{
 		{name: "full release wakes only the head", hash: "A=1", queue: "B:+25000 C:+30000", owner: "A",
 			want: "1", wantQueue: "B:+25000 C:+30000", wantWake: []string{"B"}},
-		{name: "full release, empty queue", hash: "A=1", owner: "A", want: "1"},
+		{name: "full release, empty queue", hash: "A=1", owner: "A", want: "2"},
 		{name: "count 2", hash: "A=2", pttl: 1_000, queue: "B:+25000", owner: "A",
 			want: "0", wantHash: "A=1", wantQueue: "B:+25000", wantLease: lease},
 		{name: "count 2, keeping 1", hash: "A=2", pttl: 1_000, queue: "B:+25000", owner: "A", keep: "1",
@@ -399,7 +401,7 @@ func TestFairRelease(t *testing.T) {
 		{name: "stale head purged, the next is woken", hash: "A=1", queue: "B:+500 C:+30000", owner: "A", at: 1_000,
 			want: "1", wantQueue: "C:+30000", wantWake: []string{"C"}},
 		{name: "all heads stale: nobody woken", hash: "A=1", queue: "B:+500 C:+1000", owner: "A", at: 1_000,
-			want: "1"},
+			want: "2"},
 
 		// direct grants
 		{name: "a registered head gets the lock directly", hash: "A=1", queue: "B:+25000 C:+30000",

@@ -58,18 +58,34 @@ func (r *Redis) RunLoneFresh(ctx context.Context, keys, args []string) (Reply, e
 	if err == nil {
 		return Reply{Nil: true}, nil // the script's "acquired"
 	}
+	return r.afterRestore(ctx, d, err, LockAcquire, keys, args)
+}
+
+// afterRestore answers an attempt whose RESTORE failed with err: a transport
+// error is the attempt's (the connection is dropped); a refusal runs the script
+// id on the connection, dated at its own send, and gives RESTORE up for this
+// Redis when the script then succeeds where the refusal was not BUSYKEY or
+// transient.
+func (r *Redis) afterRestore(ctx context.Context, d rueidis.DedicatedClient, err error, id ID, keys, args []string) (Reply, error) {
 	e, isReply := rueidis.IsRedisErr(err)
 	if !isReply {
 		r.dropLone(d)
 		return Reply{}, err
 	}
-	scriptAt := time.Now()
-	reply, err := r.RunLone(ctx, LockAcquire, keys, args)
-	if reply.SentAt.IsZero() {
-		reply.SentAt = scriptAt
-	}
+	reply, err := r.runLoneAfter(ctx, id, keys, args)
 	if err == nil && !busyKey(e.Error()) && !transientRefusal(e.Error()) {
 		r.noRestore.Store(true)
+	}
+	return reply, err
+}
+
+// runLoneAfter is RunLone for a script sent after other commands of the same
+// call: its reply is dated at its own send.
+func (r *Redis) runLoneAfter(ctx context.Context, id ID, keys, args []string) (Reply, error) {
+	sentAt := time.Now()
+	reply, err := r.RunLone(ctx, id, keys, args)
+	if reply.SentAt.IsZero() {
+		reply.SentAt = sentAt
 	}
 	return reply, err
 }

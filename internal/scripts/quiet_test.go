@@ -4,6 +4,7 @@ package scripts_test
 // which must leave the lock and answer as lock_release does.
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"testing"
@@ -60,7 +61,7 @@ func TestRunLoneQuietRelease(t *testing.T) {
 				var rep scripts.Reply
 				var err error
 				if quiet {
-					rep, err = e.r.RunLoneQuietRelease(ctxT(t), quietKeys(key), quietArgs("c:1"))
+					rep, err = e.r.RunLoneQuietRelease(ctxT(t), scripts.LockRelease, quietKeys(key), quietArgs("c:1"))
 				} else {
 					rep, err = e.r.RunLone(ctxT(t), scripts.LockRelease, quietKeys(key), quietArgs("c:1"))
 				}
@@ -103,7 +104,7 @@ func TestRunLoneQuietReleaseFallsBack(t *testing.T) {
 			key := fmt.Sprintf("quiet-fb%d", i)
 			e.setHash(t, key, tc.hash, 1_000)
 			before := e.commandCounts(t)
-			rep, err := e.r.RunLoneQuietRelease(ctxT(t), quietKeys(key), tc.args)
+			rep, err := e.r.RunLoneQuietRelease(ctxT(t), scripts.LockRelease, quietKeys(key), tc.args)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -122,11 +123,66 @@ func TestRunLoneQuietReleaseWrongType(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
 	e.do(t, "SET", "quiet-str", "x")
-	_, err := e.r.RunLoneQuietRelease(ctxT(t), quietKeys("quiet-str"), quietArgs("c:1"))
+	_, err := e.r.RunLoneQuietRelease(ctxT(t), scripts.LockRelease, quietKeys("quiet-str"), quietArgs("c:1"))
 	if err == nil {
 		t.Fatal("released a string key")
 	}
 	if got := e.do(t, "GET", "quiet-str"); got != "x" {
 		t.Errorf("the key holds %q, want x", got)
+	}
+}
+
+// TestRunLoneQuietFairRelease runs fair_release's last-count cases through the
+// script and through RunLoneQuietRelease: the same reply, lock, queue, grants
+// and messages. With nobody queued the quiet one runs no script; with a queue it
+// runs the script after HDEL, which passes the lock on.
+func TestRunLoneQuietFairRelease(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	cases := []struct {
+		fairCase
+		quietWant string // the quiet reply where it differs from the script's
+		scripted  int64  // script calls the quiet release runs
+	}{
+		{fairCase: fairCase{name: "empty queue", hash: "A=1", owner: "A", want: "2"}},
+		{fairCase: fairCase{name: "the head is woken", hash: "A=1", queue: "B:+25000 C:+30000", owner: "A",
+			want: "1", wantQueue: "B:+25000 C:+30000", wantWake: []string{"B"}}, scripted: 1},
+		{fairCase: fairCase{name: "a registered head gets the lock", hash: "A=1", queue: "B:+25000 C:+30000",
+			grants: "B=45000:7 C=45000:8", owner: "A", want: "1", wantHash: "B=1", wantLease: leaseB,
+			wantQueue: "C:+5000", wantGrants: "C=45000:8", wantWake: []string{"B=leash:grant:7"}}, scripted: 1},
+		// The pair cannot tell a stale head from a live one: the script purges
+		// it, and the reply says somebody was queued.
+		{fairCase: fairCase{name: "only stale heads", hash: "A=1", queue: "B:+500 C:+1000", owner: "A", at: 1_000,
+			want: "2"}, quietWant: "1", scripted: 1},
+		{fairCase: fairCase{name: "not held, lock free: the head is still woken", queue: "B:+25000", owner: "A",
+			want: "nil", wantQueue: "B:+25000", wantWake: []string{"B"}}, scripted: 1},
+		{fairCase: fairCase{name: "not held, empty queue", owner: "A", want: "nil"}},
+		{fairCase: fairCase{name: "another owner's", hash: "X=1", owner: "A", want: "nil", wantHash: "X=1"}},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, quiet := range []bool{false, true} {
+				f := fairLock(fmt.Sprintf("qfr%d-%t", i, quiet))
+				w := tc.setup(t, e, f)
+				args := []string{unlockMsg, strconv.Itoa(lease), tc.owner, at(tc.at), strconv.Itoa(wait)}
+				before := e.commandCounts(t)
+				var rep scripts.Reply
+				var err error
+				c := tc.fairCase
+				if quiet {
+					rep, err = e.r.RunLoneQuietRelease(ctxT(t), scripts.FairRelease, f.keys(), args)
+					c.want = cmp.Or(tc.quietWant, tc.want)
+				} else {
+					rep, err = e.r.RunLone(ctxT(t), scripts.FairRelease, f.keys(), args)
+				}
+				if err != nil {
+					t.Fatalf("quiet=%t: %v", quiet, err)
+				}
+				c.check(t, e, f, w, fmt.Sprintf("quiet=%t", quiet), rep)
+				if n := scriptCalls(e.commandCounts(t)) - scriptCalls(before); quiet && n != tc.scripted {
+					t.Errorf("the quiet release ran %d script calls, want %d", n, tc.scripted)
+				}
+			}
+		})
 	}
 }

@@ -261,6 +261,12 @@ type Redis struct {
 	// noRestore: RunLoneFresh found RESTORE refused where the script worked, and
 	// sends the script only.
 	noRestore atomic.Bool
+	// noPublish: RunLoneQuietRelease found PUBLISH refused, and sends plain
+	// locks' releases as the script.
+	noPublish atomic.Bool
+	// shared counts the commands the plain-command paths sent that the scripts
+	// also run inside Lua (see SharedCommandsSent).
+	shared atomic.Uint64
 }
 
 // LoneRunner is a Runner with a faster lane for a call that is alone in flight.

@@ -740,7 +740,7 @@ func TestRunBatch(t *testing.T) {
 				{ID: scripts.LockForceRelease, Keys: []string{k, channel(k)}, Args: []string{unlockMsg}},
 			}, []string{
 				"nil", "nil", "pttl", "[1 0]", "error", "nil", "0", "1",
-				"nil", "1", "1", "0",
+				"nil", "1", "2", "0",
 			}
 	}
 
