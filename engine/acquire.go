@@ -344,6 +344,7 @@ func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 		m.grant(w, d.sentAt, now)
 	case d.err != nil:
 		w.grantHeard = false // its next attempt claims a grant it heard of
+		w.freshFailed = d.call.fresh && l.fair != nil && !isRedisError(d.err)
 		if registered {
 			w.registered = true // the script may have run: a leave then removes it
 		}
@@ -397,6 +398,18 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 		m.abandon(l, w.owner, w.sentField, 0)
 		w.ambiguous = false // what it may have taken is gone already
 	}
+	if w.freshFailed && m.holds[holdKey{l.id, w.owner}] == nil {
+		// A fresh fair attempt (scripts.RunLoneFreshFair) may have created the
+		// lock under the handle's field past a queue, its give-back not run. The
+		// retry, the script claiming what it finds under that field, would keep
+		// it ahead of the queue: the field goes first (lock_release_owner wakes
+		// the queue's head), and the retry, which waits for that give-back
+		// (fairAdvance: leaving), finds the lock as it is. A lock taken with
+		// nobody queued goes back too, and the retry takes it again.
+		m.abandon(l, w.owner, m.waiterField(w), 0)
+		w.ambiguous = false
+	}
+	w.freshFailed = false
 	if l.fair != nil {
 		w.wake = true // its own retry timer was spent on this attempt
 	}

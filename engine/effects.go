@@ -63,6 +63,7 @@ type scriptCall struct {
 	// last release (quietRelease): the lone lane may take it with two plain
 	// commands (scripts.QuietReleaser).
 	quiet    bool
+	channel  string   // fresh, fair: the lock's unlock channel (scripts.FreshFairRunner)
 	batch    []uint64 // purposeRenew: hold ids, in KEYS order
 	check    bool     // purposeRenew: a check of one hold a force-release may have deleted (see checkForced)
 	retried  bool     // this is the one retry after a transport error (releases, leaves, early handoffs)

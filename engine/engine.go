@@ -919,7 +919,7 @@ func runLone(lone scripts.LoneRunner, call scriptCall) (scripts.Reply, error) {
 	switch {
 	case call.fresh && call.script == scripts.FairAcquire:
 		if f, ok := lone.(scripts.FreshFairRunner); ok {
-			return f.RunLoneFreshFair(ctx, call.keys, call.args, channelName(call.keys[0]))
+			return f.RunLoneFreshFair(ctx, call.keys, call.args, call.channel)
 		}
 	case call.fresh:
 		if f, ok := lone.(scripts.FreshRunner); ok {

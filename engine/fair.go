@@ -153,7 +153,7 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 		// names the registration it was made to: see fairGranted.
 		w.regs++
 		w.claimOnly = false // a grant to an earlier registration is this call's to take
-		register = millis(lease) + ":" + grantName(w)
+		register = m.leaseText(w.lease) + ":" + grantName(w)
 	}
 	m.run(scriptCall{
 		joining: joining,
@@ -162,9 +162,10 @@ func (m *machine) fairAttempt(w *waiter, now time.Time) {
 		// with plain commands (scripts.FreshFairRunner).
 		fresh: joining && try != "2" && l.quietLast && len(l.holders) == 0 && l.queue.len == 1 &&
 			l.leaving[w.owner] == 0,
-		script: scripts.FairAcquire,
-		keys:   l.fair.acquireKeys,
-		args: []string{millis(lease), m.waiterField(w), millis(m.cfg.fairWait), wallMillis(now), try,
+		channel: l.channel,
+		script:  scripts.FairAcquire,
+		keys:    l.fair.acquireKeys,
+		args: []string{m.leaseText(w.lease), m.waiterField(w), m.fairWaitText, wallMillis(now), try,
 			register, claim},
 		purpose: purposeAttempt,
 		lock:    l.id,
@@ -556,7 +557,7 @@ func (m *machine) fairLeaveOwner(l *lockState, owner uint64, field string) {
 	m.run(scriptCall{
 		script:   scripts.FairLeave,
 		keys:     l.fair.keys,
-		args:     []string{field, millis(m.cfg.fairWait), unlockMessage, wallMillis(m.now), claim},
+		args:     []string{field, m.fairWaitText, unlockMessage, wallMillis(m.now), claim},
 		purpose:  purposeLeave,
 		lock:     l.id,
 		owner:    owner,

@@ -66,7 +66,7 @@ func (m *machine) fairHandoffArgs(fromField string, fromLease time.Duration, toF
 	}
 	args := make([]string, 0, 11+len(relayed)+len(fields))
 	args = append(args, fromField, m.leaseText(fromLease), toField, m.leaseText(toLease),
-		millis(m.cfg.fairWait), wallMillis(now), unlockMessage, earlyFlag, first, "0", strconv.Itoa(len(relayed)))
+		m.fairWaitText, wallMillis(now), unlockMessage, earlyFlag, first, "0", strconv.Itoa(len(relayed)))
 	args = append(args, relayed...)
 	return append(args, fields...), run
 }

@@ -46,6 +46,7 @@ const (
 // takes the time as an argument, blocks on nothing, and appends effects.
 type machine struct {
 	watchdogText string // millis(cfg.watchdog), for every script call of a watchdog hold
+	fairWaitText string // millis(cfg.fairWait), for every fair script call
 	cfg          config
 
 	locks          map[string]*lockState
@@ -143,6 +144,7 @@ func newMachine(cfg config) *machine {
 		leaseDoubts:      make(map[uint64]leaseDoubt),
 		leaveRetries:     make(map[uint64]scriptCall),
 		watchdogText:     millis(cfg.watchdog),
+		fairWaitText:     millis(cfg.fairWait),
 		grantChannel:     "leash_lock_grant:" + cfg.clientID,
 		claimedGrants:    make(map[uint64]struct{}),
 	}
@@ -237,7 +239,9 @@ type lockState struct {
 	// earlier is overridden by that release's reply. A last-count release may then
 	// go as two plain commands (scriptCall.quiet), and a fair lock's first attempt
 	// too (scriptCall.fresh). A wrong hint costs a registered waiter of another
-	// client one PublicYield (plain lock), or the call a round trip more (fair).
+	// client one PublicYield (plain lock); for a fair lock, a release the script
+	// after its pair (a round trip), and a first attempt the give-back and the
+	// script (two), the queue's head waiting meanwhile.
 	quietLast bool
 
 	queue queue // waiters in arrival order; the head is the one that retries

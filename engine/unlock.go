@@ -77,7 +77,7 @@ func (m *machine) onUnlock(msg unlockMsg, now time.Time) {
 	if l.fair != nil {
 		call.script = scripts.FairRelease
 		call.keys = l.fair.keys
-		call.args = append(call.args, wallMillis(now), millis(m.cfg.fairWait))
+		call.args = append(call.args, wallMillis(now), m.fairWaitText)
 		call.quiet = quietRelease(l, h, "0")
 	} else {
 		// Direct grants (directgrant.go): the release skips this client's own

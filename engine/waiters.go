@@ -20,6 +20,9 @@ type waiter struct {
 	// sentField is the field its last lock_acquire named: its owner's, or, for a
 	// re-entry, its hold's (a direct grant's, maybe).
 	sentField string
+	// freshFailed: its last attempt was a fair lock's fresh one (RESTORE and
+	// LINDEX) and failed with a transport error (see attemptFailed).
+	freshFailed bool
 	// grantedField, when set, is the field its grant is under, if not its owner's:
 	// a re-entry's under its hold's field, a direct grant's (see machine.grant).
 	grantedField string

@@ -4,6 +4,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leash-go/leash/internal/scripts"
 	"github.com/leash-go/leash/internal/testredis"
 	"github.com/leash-go/leash/lockapi"
 )
@@ -291,5 +292,65 @@ func TestQuietReleaseWithoutChannelPermission(t *testing.T) {
 	}
 	if n := commandsOf(t, srv)["hdel"]; n == 0 {
 		t.Error("no HDEL ran: the test does not reach the quiet release")
+	}
+}
+
+// TestFreshFairAttemptReplyLost: as in TestFreshFairAttemptBehindAQueue, a
+// fresh fair attempt meets a free lock headed by a live foreign waiter, but the
+// connection fails: the pair's reply is lost, or the give-back (fair_release)
+// never reaches Redis. The lock RESTORE made under the handle's field must not
+// be kept past the queue: the engine gives the field back before its retry, so
+// the leash waiter stays behind the foreign one (its Lock runs out of time) and
+// the foreign waiter takes the lock.
+func TestFreshFairAttemptReplyLost(t *testing.T) {
+	t.Parallel()
+	for _, dropGiveBack := range []bool{false, true} {
+		t.Run(map[bool]string{false: "reply lost", true: "give-back lost"}[dropGiveBack], func(t *testing.T) {
+			t.Parallel()
+			srv := testredis.New(t)
+			proxy := newReplyProxy(t, srv)
+			c := newClient(t, srv, lockapi.Options{Addrs: []string{proxy.Addr()}, OpTimeout: 2 * time.Second})
+			name := fairName(t, "")
+			m := c.FairMutex(name)
+			lockWithin(t, m, 5*time.Second)
+			unlock(t, m) // nobody queued: the next first attempt is fresh
+
+			holder, waiter := newFairForeign(t, srv, time.Minute), newFairForeign(t, srv, time.Minute)
+			if got := holder.acquire(t, name, 10*time.Second); got != "" {
+				t.Fatalf("foreign holder's acquire = %q, want held", got)
+			}
+			if got := waiter.acquire(t, name, 10*time.Second); got == "" {
+				t.Fatal("the foreign waiter took a held lock")
+			}
+			if got := holder.release(t, name, 10*time.Second); got != "1" {
+				t.Fatalf("foreign holder's release = %q, want 1", got)
+			}
+			if dropGiveBack {
+				proxy.armN(stormSHA(scripts.FairRelease), 1, true)
+			} else {
+				proxy.arm("RESTORE")
+			}
+			err := m.Lock(fairCtx(t, 2*time.Second))
+			if proxy.cutCount() != 1 {
+				t.Fatalf("the proxy cut %d requests or replies, want 1 (Lock: %v)", proxy.cutCount(), err)
+			}
+			if err == nil {
+				t.Fatalf("the leash waiter got the lock past the foreign head of the queue (queue %q, hash %q)",
+					fairList(t, srv, fairQueueKey(name)), do(t, srv, "HGETALL", name))
+			}
+			fairWaitFor(t, 5*time.Second, "the handle's field to be gone", func() bool {
+				return do(t, srv, "EXISTS", name) == "0"
+			})
+			if got := waiter.acquire(t, name, 10*time.Second); got != "" {
+				t.Fatalf("the foreign head's acquire = %q, want held", got)
+			}
+			if got := waiter.release(t, name, 10*time.Second); got != "1" {
+				t.Fatalf("foreign waiter's release = %q, want 1", got)
+			}
+			fairWaitLen(t, srv, fairQueueKey(name), 0, 5*time.Second)
+			lockWithin(t, m, 5*time.Second)
+			unlock(t, m)
+			fairMustBeClean(t, srv, name)
+		})
 	}
 }

@@ -54,7 +54,7 @@ func (r *Redis) RunLoneFresh(ctx context.Context, keys, args []string) (Reply, e
 	if err != nil || lease <= 0 {
 		return r.RunLone(ctx, LockAcquire, keys, args) // the script's own error or answer
 	}
-	err = d.Do(ctx, d.B().Restore().Key(keys[0]).Ttl(lease).SerializedValue(lockDump(args[1])).Build()).Error()
+	err = d.Do(ctx, d.B().Restore().Key(keys[0]).Ttl(lease).SerializedValue(r.dumpOf(args[1])).Build()).Error()
 	if err == nil {
 		return Reply{Nil: true}, nil // the script's "acquired"
 	}
@@ -133,6 +133,20 @@ func lockDump(field string) string {
 	b = binary.LittleEndian.AppendUint64(b, redisCRC64(b))
 	return string(b)
 }
+
+// dumpOf returns lockDump(field), reusing the last one made when it was for the
+// same field: a handle that takes a lock over and over sends the same payload.
+func (r *Redis) dumpOf(field string) string {
+	if last := r.lastDump.Load(); last != nil && last.field == field {
+		return last.payload
+	}
+	payload := lockDump(field)
+	r.lastDump.Store(&fieldDump{field: field, payload: payload})
+	return payload
+}
+
+// fieldDump is a lock hash's DUMP payload and the field it holds.
+type fieldDump struct{ field, payload string }
 
 // appendRDBString appends s as an RDB string: its length in RDB's length encoding
 // (6 bits; 14 bits, big-endian; or a marker byte and 32 bits, big-endian), then its

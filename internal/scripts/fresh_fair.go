@@ -53,8 +53,10 @@ const fairUnlockMessage = "0"
 //     would have failed.
 //
 // A transport error is returned as the script call's would be: whether the
-// commands ran is unknown, and the caller's next attempt (the script, which
-// claims a hold it finds under the caller's field) settles it.
+// commands ran is unknown. The lock may then be held under the caller's field,
+// past the queue, and the caller's next attempt (the script, which claims a
+// hold it finds under the caller's field) would keep it there: so the caller
+// gives that field back first (the engine's attemptFailed).
 func (r *Redis) RunLoneFreshFair(ctx context.Context, keys, args []string, channel string) (Reply, error) {
 	d := r.loneConn()
 	if d == nil || r.noRestore.Load() || len(keys) != 4 || len(args) < 5 || (args[4] != "0" && args[4] != "1") {
@@ -66,7 +68,7 @@ func (r *Redis) RunLoneFreshFair(ctx context.Context, keys, args []string, chann
 	}
 	lock, queue, field := keys[0], keys[1], args[1]
 	res := d.DoMulti(ctx,
-		d.B().Restore().Key(lock).Ttl(lease).SerializedValue(lockDump(field)).Build(),
+		d.B().Restore().Key(lock).Ttl(lease).SerializedValue(r.dumpOf(field)).Build(),
 		d.B().Lindex().Key(queue).Index(0).Build())
 	r.shared.Add(1)
 	if err := res[0].Error(); err != nil {

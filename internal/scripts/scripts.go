@@ -261,6 +261,7 @@ type Redis struct {
 	// noRestore: RunLoneFresh found RESTORE refused where the script worked, and
 	// sends the script only.
 	noRestore atomic.Bool
+	lastDump  atomic.Pointer[fieldDump] // see dumpOf
 	// noPublish: RunLoneQuietRelease found PUBLISH refused, and sends plain
 	// locks' releases as the script.
 	noPublish atomic.Bool
