@@ -120,6 +120,11 @@ func (e *env) fairAcquire(t *testing.T, f fair, owner string, offset int64, sing
 // fairAcquireCase runs fair_acquire with all of a case's arguments.
 func (e *env) fairAcquireCase(t *testing.T, f fair, c fairCase) scripts.Reply {
 	t.Helper()
+	return e.run(t, scripts.FairAcquire, f.acquireKeys(), c.acquireArgs()...)
+}
+
+// acquireArgs are fair_acquire's arguments for the case.
+func (c fairCase) acquireArgs() []string {
 	single, claim := "0", "0"
 	if c.single {
 		single = "1"
@@ -130,8 +135,7 @@ func (e *env) fairAcquireCase(t *testing.T, f fair, c fairCase) scripts.Reply {
 	if c.claim {
 		claim = "1"
 	}
-	return e.run(t, scripts.FairAcquire, f.acquireKeys(), strconv.Itoa(lease), c.owner, strconv.Itoa(wait), at(c.at),
-		single, c.register, claim)
+	return []string{strconv.Itoa(lease), c.owner, strconv.Itoa(wait), at(c.at), single, c.register, claim}
 }
 
 // fairCase is the shape shared by the fair scripts' table tests.

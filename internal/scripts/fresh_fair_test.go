@@ -14,15 +14,7 @@ import (
 
 func (e *env) freshFair(t *testing.T, f fair, c fairCase) scripts.Reply {
 	t.Helper()
-	single, claim := "0", "0"
-	if c.single {
-		single = "1"
-	}
-	if c.claim {
-		claim = "1"
-	}
-	rep, err := e.r.RunLoneFreshFair(ctxT(t), f.acquireKeys(),
-		[]string{strconv.Itoa(lease), c.owner, strconv.Itoa(wait), at(c.at), single, c.register, claim}, f.prefix)
+	rep, err := e.r.RunLoneFreshFair(ctxT(t), f.acquireKeys(), c.acquireArgs(), f.prefix)
 	if err != nil {
 		t.Fatalf("RunLoneFreshFair: %v", err)
 	}
