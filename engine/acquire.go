@@ -405,9 +405,11 @@ func (m *machine) attemptFailed(w *waiter, err error, now time.Time) {
 		// it ahead of the queue: the field goes first (lock_release_owner wakes
 		// the queue's head), and the retry, which waits for that give-back
 		// (fairAdvance: leaving), finds the lock as it is. A lock taken with
-		// nobody queued goes back too, and the retry takes it again.
+		// nobody queued goes back too, and the retry takes it again. The
+		// waiter stays ambiguous: the commands' last step, fair_acquire, may
+		// have queued it, and a waiter that gives up before its retry must
+		// leave that entry (undoAmbiguous).
 		m.abandon(l, w.owner, m.waiterField(w), 0)
-		w.ambiguous = false
 	}
 	w.freshFailed = false
 	if l.fair != nil {

@@ -164,3 +164,47 @@ func TestMachineQuietFairReleases(t *testing.T) {
 	w.cancel()
 	h.take()
 }
+
+// TestMachineFreshFairFailureThenCancelLeaves: a fair waiter's fresh first
+// attempt fails in transit (its last step, fair_acquire, may have queued the
+// owner in Redis), and the waiter gives up during the back-off, after the
+// give-back of what the RESTORE may have made: its queue entry must leave
+// (fair_leave), as after a failed script attempt.
+func TestMachineFreshFairFailureThenCancelLeaves(t *testing.T) {
+	for _, fresh := range []bool{false, true} {
+		h := newMH(t)
+		if fresh { // a cycle whose release found nobody queued
+			w := h.acquireFair("L", 7)
+			h.reply(h.take().one(t, scripts.FairAcquire), replyNil, nil)
+			h.take()
+			mustGranted(t, "lock", w.future)
+			call, _ := h.unlockCall(t, "L", 7, scripts.FairRelease)
+			h.reply(call, replyInt(2), nil)
+			h.take()
+		}
+		w := h.acquireFair("L", 8)
+		att := h.take().one(t, scripts.FairAcquire)
+		if att.fresh != fresh {
+			t.Fatalf("fresh = %v, want %v", att.fresh, fresh)
+		}
+		h.reply(att, scripts.Reply{}, errConn)
+		giveBacks := h.take().scripts
+		if fresh && (len(giveBacks) != 1 || giveBacks[0].script != scripts.LockReleaseOwner) {
+			t.Fatalf("after the fresh attempt's failure: %v, want one lock_release_owner", giveBacks)
+		}
+		for _, c := range giveBacks {
+			h.reply(c, replyInt(-1), nil) // the owner held nothing
+		}
+		h.take()
+		h.cancelCtx(w)
+		leaves := 0
+		for _, c := range h.take().scripts {
+			if c.script == scripts.FairLeave {
+				leaves++
+			}
+		}
+		if leaves != 1 {
+			t.Errorf("fresh=%v: the waiter that gave up sent %d fair_leave, want 1", fresh, leaves)
+		}
+	}
+}

@@ -191,8 +191,9 @@ func (c *Client) check(ctx context.Context, name string) error {
 	return nil
 }
 
-// Stats returns the engine's counters: acquires, script calls, handoffs, waiters
-// and holds. For tests, metrics and the benchmark harness.
+// Stats returns the engine's counters (acquires, script calls, handoffs, waiters
+// and holds) and the runner's count of plain commands sent that the scripts also
+// run (SharedPlainCommands). For tests, metrics and the benchmark harness.
 func (c *Client) Stats(ctx context.Context) (engine.Stats, error) {
 	if c.isClosed() {
 		return engine.Stats{}, ErrClosed

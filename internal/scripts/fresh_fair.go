@@ -56,7 +56,9 @@ const fairUnlockMessage = "0"
 // commands ran is unknown. The lock may then be held under the caller's field,
 // past the queue, and the caller's next attempt (the script, which claims a
 // hold it finds under the caller's field) would keep it there: so the caller
-// gives that field back first (the engine's attemptFailed).
+// gives that field back first (the engine's attemptFailed). fair_acquire, the
+// last step, may also have queued the caller: a caller that gives up then
+// leaves the queue, as after any attempt whose reply was lost.
 func (r *Redis) RunLoneFreshFair(ctx context.Context, keys, args []string, channel string) (Reply, error) {
 	d := r.loneConn()
 	if d == nil || r.noRestore.Load() || len(keys) != 4 || len(args) < 5 || (args[4] != "0" && args[4] != "1") {
@@ -70,7 +72,7 @@ func (r *Redis) RunLoneFreshFair(ctx context.Context, keys, args []string, chann
 	res := d.DoMulti(ctx,
 		d.B().Restore().Key(lock).Ttl(lease).SerializedValue(r.dumpOf(field)).Build(),
 		d.B().Lindex().Key(queue).Index(0).Build())
-	r.shared.Add(1)
+	r.countRan(res[1])
 	if err := res[0].Error(); err != nil {
 		return r.afterRestore(ctx, d, err, FairAcquire, keys, args)
 	}
@@ -104,8 +106,9 @@ func (r *Redis) RunLoneFreshFair(ctx context.Context, keys, args []string, chann
 // giveBackFresh deletes the field a RESTORE just created and returns cause, or
 // the deletion's own error (after which the connection is dropped if it broke).
 func (r *Redis) giveBackFresh(ctx context.Context, d rueidis.DedicatedClient, lock, field string, cause error) error {
-	r.shared.Add(1)
-	if err := d.Do(ctx, d.B().Hdel().Key(lock).Field(field).Build()).Error(); err != nil {
+	res := d.Do(ctx, d.B().Hdel().Key(lock).Field(field).Build())
+	r.countRan(res)
+	if err := res.Error(); err != nil {
 		return r.quietErr(d, err)
 	}
 	return cause

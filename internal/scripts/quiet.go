@@ -2,6 +2,7 @@ package scripts
 
 import (
 	"context"
+	"strings"
 
 	"github.com/redis/rueidis"
 )
@@ -67,7 +68,9 @@ var _ QuietReleaser = (*Redis)(nil)
 // the script leaves the lock alone.
 //
 // An error reply to HDEL is returned as the script's would be; a transport
-// error likewise (whether the commands ran is unknown). PUBLISH refused after
+// error likewise (whether the commands ran is unknown). An error reply to
+// LINDEX (a queue key that is not a list) is returned too, the lock released
+// already, where fair_release would have failed before its DEL. PUBLISH refused after
 // HDEL ran (an ACL user without channel permissions, which the script, not
 // publishing where nobody listens, never needed uncontended) counts as a release
 // nobody heard, and sends every later release of this Redis to the script.
@@ -75,7 +78,7 @@ var _ QuietReleaser = (*Redis)(nil)
 // and the release's retry fails too: then a waiter wakes at its own retry.
 func (r *Redis) RunLoneQuietRelease(ctx context.Context, id ID, keys, args []string) (Reply, error) {
 	d := r.loneConn()
-	if d == nil || !quietShape(id, keys, args) || r.noPublish.Load() {
+	if d == nil || !quietShape(id, keys, args) || (id == LockRelease && r.noPublish.Load()) {
 		return r.RunLone(ctx, id, keys, args)
 	}
 	second := d.B().Publish().Channel(keys[1]).Message(args[0]).Build()
@@ -83,7 +86,7 @@ func (r *Redis) RunLoneQuietRelease(ctx context.Context, id ID, keys, args []str
 		second = d.B().Lindex().Key(keys[1]).Index(0).Build()
 	}
 	res := d.DoMulti(ctx, d.B().Hdel().Key(keys[0]).Field(args[2]).Build(), second)
-	r.shared.Add(2)
+	r.countRan(res...)
 	deleted, err := res[0].AsInt64()
 	if err != nil {
 		return Reply{}, r.quietErr(d, err)
@@ -151,8 +154,22 @@ func (r *Redis) quietErr(d rueidis.DedicatedClient, err error) error {
 	return err
 }
 
+// countRan counts, among the replies of plain commands the scripts also run
+// (see SharedCommandsSent), those of commands Redis ran: a reply (nil
+// included), or an error reply other than an ACL refusal (which INFO commandstats counts apart, as
+// rejected); not a transport error.
+func (r *Redis) countRan(res ...rueidis.RedisResult) {
+	for _, x := range res {
+		err := x.Error()
+		e, isReply := rueidis.IsRedisErr(err)
+		if err == nil || rueidis.IsRedisNil(err) || isReply && !strings.HasPrefix(e.Error(), "NOPERM") {
+			r.shared.Add(1)
+		}
+	}
+}
+
 // SharedCommandsSent returns how many commands RunLoneQuietRelease and
-// RunLoneFreshFair have sent that the scripts also run inside Lua (HDEL,
+// RunLoneFreshFair have had run that the scripts also run inside Lua (HDEL,
 // PUBLISH, LINDEX; RESTORE is never run by a script). Redis counts the commands
 // inside scripts in INFO commandstats as it counts the client's own, so a tool
 // that counts a client's requests from there (the benchmark harness) adds

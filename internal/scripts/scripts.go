@@ -263,7 +263,7 @@ type Redis struct {
 	noRestore atomic.Bool
 	lastDump  atomic.Pointer[fieldDump] // see dumpOf
 	// noPublish: RunLoneQuietRelease found PUBLISH refused, and sends plain
-	// locks' releases as the script.
+	// locks' releases as the script (a fair lock's pair does not publish).
 	noPublish atomic.Bool
 	// shared counts the commands the plain-command paths sent that the scripts
 	// also run inside Lua (see SharedCommandsSent).
