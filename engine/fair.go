@@ -219,6 +219,11 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 	if l.backingOff || m.closing {
 		return
 	}
+	// The walks below are O(waiters) per call; with a batch joining and no retry
+	// to start (one is in flight, or a handoff is), there is nothing to do.
+	if l.joining > 0 && (l.handingOff || l.attempting != nil) {
+		return
+	}
 	w := l.queue.head
 	for ; w != nil && w.enqueued; w = w.next {
 		if !l.handingOff && l.attempting == nil && w.wake && !w.attempting && !m.ownerBusy(holdKey{l.id, w.owner}) &&
@@ -227,6 +232,9 @@ func (m *machine) fairAdvance(l *lockState, now time.Time) {
 			w.wake = false
 			m.markBusy(holdKey{l.id, w.owner})
 			m.attempt(w, now)
+			if l.joining > 0 {
+				return
+			}
 		}
 	}
 	if l.joining > 0 {
