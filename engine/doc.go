@@ -20,9 +20,9 @@
 //     and carries out the effects. Redis I/O never runs on the loop goroutine: the
 //     pending script calls go out as one batch on a sender goroutine, merged into
 //     few script calls (scripts.RunBatch), at most four batches in flight (see
-//     maxSends; under load, calls only their own callers wait for fill a batch
-//     before taking a slot: waitForFill); a call alone in flight takes the
-//     runner's dedicated connection (scripts.RunLone). The sender steps the
+//     maxSends; under load, a call that only its caller waits for may wait for a
+//     fuller batch before taking a slot: waitForFill); a call alone in flight
+//     takes the runner's dedicated connection (scripts.RunLone). The sender steps the
 //     machine with the replies and sends what is pending by then, and ends when
 //     nothing is. Timer firings, unlock messages that find the engine busy, and
 //     cancellations come back through a mailbox that never blocks its sender, so

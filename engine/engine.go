@@ -112,9 +112,9 @@ type Engine struct {
 	abortIO   func()
 	ioWG      sync.WaitGroup // I/O goroutines
 	inflight  int            // I/O calls not yet answered
-	// pending holds script calls waiting for a send slot, and sends counts the
-	// batches in flight, a caller's own call included (both under mu; see
-	// takePending and takeLone).
+	// pending holds script calls waiting for a send slot (or for a fuller batch:
+	// waitForFill), and sends counts the batches in flight, a caller's own call
+	// included (both under mu; see takePending and takeLone).
 	pending []scriptCall
 	sends   int
 	// spares are answered batches' backing arrays, emptied, for the next pending
@@ -154,9 +154,11 @@ const (
 )
 
 // maxSends is how many batches of script calls may be in flight at once. While
-// all are out, new calls wait and go together in the next batch, as one merged
-// script call (scripts.RunBatch): under load, batches grow instead of the number of
-// writes, wake-ups and Lua calls per lock operation; a lone call still goes at once.
+// all are out (or, for some calls, while the pending ones are too few to take a
+// slot of their own: waitForFill), new calls wait and go together in the next
+// batch, as one merged script call (scripts.RunBatch): under load, batches grow
+// instead of the number of writes, wake-ups and Lua calls per lock operation; a
+// lone call still goes at once.
 //
 // Measured on two cores with 256 goroutines on their own locks (bench scenario B,
 // interleaved runs of three repetitions each, leash's ops/s ÷ rueidislock's in the
@@ -670,10 +672,13 @@ func (e *Engine) applyEffects(keep bool) (sendJob, bool) {
 // waitForFill reports whether the pending calls wait for more before taking a
 // free send slot: while other sends are in flight, calls that only their own
 // callers wait for (mayWaitForFill) take a slot of their own once they are a
-// maxSends-th of all the calls outstanding (in flight and pending), so the
-// slots share the load evenly; until then they go with the next send that comes
-// back, and the last send back takes them whatever their number. Any other call
-// pending, or Close under way, and they go at once.
+// maxSends-th of all the calls outstanding (in flight, subscription calls
+// included, and pending), so the slots share the load evenly. Until then they
+// wait for a fuller batch, an urgent call (any other call, which takes them
+// along), Close, or the last send in flight to come back, which takes them
+// whatever their number: at most a round trip. A local waiter queued behind a
+// held-back fresh attempt waits with it (it makes no call while that attempt is
+// in flight).
 //
 // Without this, under load most sends were single calls: a send coming back
 // completes its calls, and the first of their callers to call again found a free
@@ -695,9 +700,9 @@ func (e *Engine) waitForFill() bool {
 // mayWaitForFill reports whether c is a call that only its own caller waits for,
 // which may wait for a fuller send (waitForFill): a first attempt on a lock that
 // looks free here (scriptCall.fresh) or a release nobody here waits behind
-// (scriptCall.quiet). Handoffs, joins, retries, releases that pass a lock on,
-// renewals and clean-ups go at once.
-func mayWaitForFill(c *scriptCall) bool { return c.fresh || c.quiet }
+// (scriptCall.quiet), not sent before. Handoffs, joins, retries, releases sent
+// again, releases that pass a lock on, renewals and clean-ups go at once.
+func mayWaitForFill(c *scriptCall) bool { return (c.fresh || c.quiet) && !c.retried }
 
 // sendJob is a batch of calls taken from pending for one send slot.
 type sendJob struct {
@@ -733,7 +738,7 @@ func (e *Engine) takePending() (sendJob, bool) {
 
 // sender sends a batch (one pipelined write, merged by the runner into few script
 // calls), steps the machine with the replies on its own goroutine, and goes on with
-// the calls pending by then, while a slot is free for them; then it returns. The
+// the calls pending by then, while takePending gives them to it; then it returns. The
 // replies skip the mailbox and the loop's wake-up, and a busy engine keeps its
 // senders (and their grown stacks) instead of starting a goroutine per batch.
 // Like runDirect, a sender's step may go ahead of mailbox items already posted:

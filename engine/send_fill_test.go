@@ -42,7 +42,8 @@ func TestWaitForFillRule(t *testing.T) {
 	}
 }
 
-// Only fresh attempts and quiet releases may wait; every other call is urgent.
+// Only fresh attempts and quiet releases not sent before may wait; every other
+// call is urgent.
 func TestMayWaitForFill(t *testing.T) {
 	for _, c := range []struct {
 		call scriptCall
@@ -50,6 +51,7 @@ func TestMayWaitForFill(t *testing.T) {
 	}{
 		{scriptCall{purpose: purposeAttempt, fresh: true}, true},
 		{scriptCall{purpose: purposeUnlock, quiet: true}, true},
+		{scriptCall{purpose: purposeUnlock, quiet: true, retried: true}, false},
 		{scriptCall{purpose: purposeAttempt}, false},
 		{scriptCall{purpose: purposeUnlock}, false},
 		{scriptCall{script: scripts.LockHandoff}, false},
@@ -125,9 +127,9 @@ func (g *gatedBatch) sizes() []int {
 }
 
 // Against the engine: with a full send in flight, a fresh attempt on a free lock
-// does not take a free slot alone; an urgent call (a release the memory Redis
-// answers 1, so it is not quiet) takes one at once, and the waiting attempt goes
-// with it; and nothing stalls.
+// does not take a free slot alone; an urgent call (a release that is not quiet:
+// no earlier release of the lock found nobody listening) takes one at once, and
+// the waiting attempt goes with it; and nothing stalls.
 func TestEngineFreshAttemptWaitsForFill(t *testing.T) {
 	g := &gatedBatch{batchMem: &batchMem{memRedis: newMemRedis()}, arrived: make(chan struct{}, 64)}
 	h := newEngine(t, g)
@@ -163,6 +165,11 @@ func TestEngineFreshAttemptWaitsForFill(t *testing.T) {
 	for i := range 20 {
 		batch = append(batch, acquire(fmt.Sprintf("fill-b%d", i), h.e.NewOwner()))
 	}
+	eventually(t, "the 20 attempts pending", func() bool { // Acquire returns before the engine has them
+		h.e.mu.Lock()
+		defer h.e.mu.Unlock()
+		return len(h.e.pending) == 20
+	})
 	g.open(0)
 	await("the 20 pending attempts")
 	if got := g.sizes(); got[maxSends] != 20 {
