@@ -122,9 +122,10 @@ type Engine struct {
 	// new slice for each would allocate about a kilobyte per lock operation. One
 	// spare per send slot: the batches in flight and pending make one array more.
 	spares [maxSends][]scriptCall
-	// pendingUrgent counts the pending calls that may not wait for a fill (see
-	// waitForFill).
+	// pendingUrgent counts the pending calls that may not wait for a fill, and
+	// fillable the calls in flight that may (see waitForFill).
 	pendingUrgent int
+	fillable      int
 	// spareCalls and spareResults are the slices of the runner's view of a
 	// batch and of its results (see sender) that the last sender to return left
 	// for the next one to start with.
@@ -597,10 +598,18 @@ func (e *Engine) step(msg message, now time.Time) {
 	case batchDone:
 		for i := range msg.calls {
 			e.inflight--
+			if mayWaitForFill(&msg.calls[i]) {
+				e.fillable--
+			}
 			e.m.handleDone(msg.done(i), now)
 		}
 		return
-	case scriptDone, subscribeDone, unsubscribeDone:
+	case scriptDone:
+		e.inflight--
+		if mayWaitForFill(&msg.call) {
+			e.fillable--
+		}
+	case subscribeDone, unsubscribeDone:
 		e.inflight--
 	}
 	e.m.handle(msg, now)
@@ -655,6 +664,9 @@ func (e *Engine) applyEffects(keep bool) (sendJob, bool) {
 		// A runner without batches (the tests' fakes): every call at once.
 		for _, call := range fx.scripts {
 			e.inflight++
+			if mayWaitForFill(&call) {
+				e.fillable++
+			}
 			e.ioWG.Add(1)
 			go e.runScript(call)
 		}
@@ -672,13 +684,14 @@ func (e *Engine) applyEffects(keep bool) (sendJob, bool) {
 // waitForFill reports whether the pending calls wait for more before taking a
 // free send slot: while other sends are in flight, calls that only their own
 // callers wait for (mayWaitForFill) take a slot of their own once they are a
-// maxSends-th of all the calls outstanding (in flight, subscription calls
-// included, and pending), so the slots share the load evenly. Until then they
+// maxSends-th of all such calls outstanding (in flight and pending), so the
+// slots share the load evenly. Calls of other kinds in flight do not count: a
+// fresh attempt does not wait behind a round of renewals. Until then they
 // wait for a fuller batch, an urgent call (any other call, which takes them
-// along), Close, or the last send in flight to come back, which takes them
-// whatever their number: at most a round trip. A local waiter queued behind a
-// held-back fresh attempt waits with it (it makes no call while that attempt is
-// in flight).
+// along), Close, or the calls of their kind in flight to come back, after
+// which they go whatever their number: at most a round trip. A local waiter
+// queued behind a held-back fresh attempt waits with it (it makes no call while
+// that attempt is in flight).
 //
 // Without this, under load most sends were single calls: a send coming back
 // completes its calls, and the first of their callers to call again found a free
@@ -694,7 +707,7 @@ func (e *Engine) waitForFill() bool {
 	if e.sends == 0 || e.pendingUrgent > 0 || e.m.closing {
 		return false
 	}
-	return len(e.pending)*maxSends < e.inflight+len(e.pending)
+	return len(e.pending)*maxSends < e.fillable+len(e.pending)
 }
 
 // mayWaitForFill reports whether c is a call that only its own caller waits for,
@@ -733,6 +746,11 @@ func (e *Engine) takePending() (sendJob, bool) {
 	}
 	e.sends++
 	e.inflight += len(job.batch)
+	for i := range job.batch {
+		if mayWaitForFill(&job.batch[i]) {
+			e.fillable++
+		}
+	}
 	return job, true
 }
 

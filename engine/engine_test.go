@@ -264,6 +264,12 @@ func testBatchedCalls(t *testing.T, runner scripts.Runner, r *batchMem) {
 	if r.merged.Load() == 0 {
 		t.Errorf("no merged batch in %d batches: the test did not exercise batchDone", r.batches.Load())
 	}
+	// The I/O counts come back to zero (waitForFill reads them).
+	eventually(t, "nothing in flight or pending", func() bool {
+		h.e.mu.Lock()
+		defer h.e.mu.Unlock()
+		return h.e.inflight == 0 && h.e.fillable == 0 && h.e.sends == 0 && len(h.e.pending) == 0 && h.e.pendingUrgent == 0
+	})
 	t.Logf("%d batches, %d merged", r.batches.Load(), r.merged.Load())
 }
 

@@ -87,6 +87,9 @@ func (e *Engine) takeLone(msg message) (scripts.LoneRunner, scriptCall, bool) {
 	fx.scripts = fx.scripts[:0]
 	e.sends++
 	e.inflight++
+	if mayWaitForFill(&call) {
+		e.fillable++
+	}
 	return lone, call, true
 }
 

@@ -17,23 +17,24 @@ import (
 func TestWaitForFillRule(t *testing.T) {
 	cases := []struct {
 		name            string
-		sends, inflight int
+		sends, fillable int
 		pending, urgent int
 		closing         bool
 		wait            bool
 	}{
-		{name: "nothing in flight", sends: 0, inflight: 0, pending: 1},
-		{name: "nothing in flight, many pending", sends: 0, inflight: 0, pending: 3},
-		{name: "few in flight", sends: 1, inflight: 1, pending: 1},
-		{name: "a quarter of outstanding", sends: 3, inflight: 60, pending: 20},
-		{name: "under a quarter", sends: 3, inflight: 60, pending: 19, wait: true},
-		{name: "one behind a full send", sends: 1, inflight: 64, pending: 1, wait: true},
-		{name: "an urgent call pending", sends: 1, inflight: 64, pending: 2, urgent: 1},
-		{name: "closing", sends: 1, inflight: 64, pending: 1, closing: true},
+		{name: "nothing in flight", sends: 0, fillable: 0, pending: 1},
+		{name: "nothing in flight, many pending", sends: 0, fillable: 0, pending: 3},
+		{name: "few in flight", sends: 1, fillable: 1, pending: 1},
+		{name: "a quarter of outstanding", sends: 3, fillable: 60, pending: 20},
+		{name: "under a quarter", sends: 3, fillable: 60, pending: 19, wait: true},
+		{name: "one behind a full send", sends: 1, fillable: 64, pending: 1, wait: true},
+		{name: "an urgent call pending", sends: 1, fillable: 64, pending: 2, urgent: 1},
+		{name: "closing", sends: 1, fillable: 64, pending: 1, closing: true},
+		{name: "only other calls in flight", sends: 1, fillable: 0, pending: 1},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			e := &Engine{m: &machine{closing: c.closing}, sends: c.sends, inflight: c.inflight,
+			e := &Engine{m: &machine{closing: c.closing}, sends: c.sends, fillable: c.fillable,
 				pending: make([]scriptCall, c.pending), pendingUrgent: c.urgent}
 			if got := e.waitForFill(); got != c.wait {
 				t.Errorf("waitForFill() = %v, want %v", got, c.wait)
@@ -186,7 +187,7 @@ func TestEngineFreshAttemptWaitsForFill(t *testing.T) {
 	eventually(t, "three sends in flight", func() bool {
 		h.e.mu.Lock()
 		defer h.e.mu.Unlock()
-		return h.e.sends == 3 && h.e.inflight == 22
+		return h.e.sends == 3 && h.e.inflight == 22 && h.e.fillable == 22
 	})
 
 	// Three sends in flight, 22 calls: one fresh attempt waits for them.
