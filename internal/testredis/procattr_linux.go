@@ -6,6 +6,7 @@ import "syscall"
 // dies (a test binary killed by go test's timeout), so no server outlives its test.
 // The signal is tied to the OS thread that forked the child; Go keeps its threads
 // for the life of the process, so in practice it fires when the test binary exits.
-func childAttrs() *syscall.SysProcAttr {
-	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+// ownSession also starts it in a session of its own (WithOwnSession).
+func childAttrs(ownSession bool) *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL, Setsid: ownSession}
 }

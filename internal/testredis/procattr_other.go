@@ -4,5 +4,5 @@ package testredis
 
 import "syscall"
 
-// childAttrs has nothing to add outside Linux.
-func childAttrs() *syscall.SysProcAttr { return nil }
+// childAttrs has nothing to add outside Linux (WithOwnSession included).
+func childAttrs(bool) *syscall.SysProcAttr { return nil }

@@ -42,7 +42,8 @@ var errPortInUse = errors.New("address already in use")
 
 // config collects what the Options set.
 type config struct {
-	args []string
+	args       []string
+	ownSession bool
 }
 
 // Option configures a server started by Start, New or NewN.
@@ -57,6 +58,19 @@ func WithArgs(args ...string) Option {
 	return func(c *config) { c.args = append(c.args, args...) }
 }
 
+// WithOwnSession starts redis-server in a session of its own (setsid on Linux;
+// nothing elsewhere). Where the kernel groups processes by session for CPU
+// scheduling (Linux's autogroup, on by default in many distributions), a server
+// in the starting process's session shares that session's one CPU share with
+// it: under load its single thread then competes with the client's threads as
+// one of them, where a Redis run as a service of its own has a share of its own.
+// The benchmark harness starts its server so; tests do not need to. The server
+// still dies with the process that started it, and Stop, Kill and Pause act on
+// its PID as before.
+func WithOwnSession() Option {
+	return func(c *config) { c.ownSession = true }
+}
+
 // Server is one redis-server process owned by the test process. It listens
 // on 127.0.0.1 on a port that stays the same for its whole life, including
 // across Restart. All methods are safe for concurrent use.
@@ -65,6 +79,8 @@ type Server struct {
 	bin   string   // absolute path of redis-server
 	dir   string   // temporary directory: working dir, --dir, log files
 	extra []string // WithArgs arguments
+	// ownSession: WithOwnSession.
+	ownSession bool
 
 	mu sync.Mutex
 	// cmd is the running process, or nil when the server is killed or
@@ -109,7 +125,7 @@ func Start(opts ...Option) (*Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("testredis: %w", err)
 	}
-	s := &Server{bin: bin, dir: dir, extra: cfg.args}
+	s := &Server{bin: bin, dir: dir, extra: cfg.args, ownSession: cfg.ownSession}
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -393,7 +409,7 @@ func (s *Server) launch() error {
 	cmd.Stdout = out
 	cmd.Stderr = out
 	cmd.ExtraFiles = []*os.File{w}
-	cmd.SysProcAttr = childAttrs()
+	cmd.SysProcAttr = childAttrs(s.ownSession)
 	if err := cmd.Start(); err != nil {
 		r.Close()
 		return fmt.Errorf("testredis: start redis-server: %w", err)
