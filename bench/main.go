@@ -161,8 +161,8 @@ func runBench(ctx context.Context, o options, progressTo io.Writer) (*Results, e
 	if addr == "" {
 		// In a session of its own, the server is scheduled as a Redis run as a
 		// service would be, not as one more thread of the harness's session
-		// (Linux autogroups): measured, that cost leash 2-14 % of its B rate
-		// and the peers nothing beyond noise (bench/RESULTS.md, method notes).
+		// (Linux autogroups); measured in B, leash and naive ran about 5 %
+		// faster so and rueidislock the same (bench/RESULTS.md, What changed).
 		srv, err := testredis.Start(testredis.WithOwnSession())
 		if err != nil {
 			return nil, err

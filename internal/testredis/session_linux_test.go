@@ -26,7 +26,7 @@ func sessionOf(t *testing.T, pid int) int {
 
 // WithOwnSession puts the server in a session of its own (its session id is
 // its PID); without it the server stays in the test's session. Either way it
-// answers, and stops by PID.
+// answers (and the cleanup's Stop, by PID, ends it).
 func TestWithOwnSession(t *testing.T) {
 	mine := sessionOf(t, os.Getpid())
 	own := New(t, WithOwnSession())
