@@ -597,18 +597,12 @@ func (e *Engine) step(msg message, now time.Time) {
 		return
 	case batchDone:
 		for i := range msg.calls {
-			e.inflight--
-			if mayWaitForFill(&msg.calls[i]) {
-				e.fillable--
-			}
+			e.callAnswered(&msg.calls[i])
 			e.m.handleDone(msg.done(i), now)
 		}
 		return
 	case scriptDone:
-		e.inflight--
-		if mayWaitForFill(&msg.call) {
-			e.fillable--
-		}
+		e.callAnswered(&msg.call)
 	case subscribeDone, unsubscribeDone:
 		e.inflight--
 	}
@@ -663,10 +657,7 @@ func (e *Engine) applyEffects(keep bool) (sendJob, bool) {
 	} else {
 		// A runner without batches (the tests' fakes): every call at once.
 		for _, call := range fx.scripts {
-			e.inflight++
-			if mayWaitForFill(&call) {
-				e.fillable++
-			}
+			e.callSent(&call)
 			e.ioWG.Add(1)
 			go e.runScript(call)
 		}
@@ -745,13 +736,27 @@ func (e *Engine) takePending() (sendJob, bool) {
 		job.lone = lone
 	}
 	e.sends++
-	e.inflight += len(job.batch)
 	for i := range job.batch {
-		if mayWaitForFill(&job.batch[i]) {
-			e.fillable++
-		}
+		e.callSent(&job.batch[i])
 	}
 	return job, true
+}
+
+// callSent counts c in flight, and among the calls that may wait for a fill
+// (waitForFill) if it is one; callAnswered, when its reply is stepped, undoes
+// it. Called under mu.
+func (e *Engine) callSent(c *scriptCall) {
+	e.inflight++
+	if mayWaitForFill(c) {
+		e.fillable++
+	}
+}
+
+func (e *Engine) callAnswered(c *scriptCall) {
+	e.inflight--
+	if mayWaitForFill(c) {
+		e.fillable--
+	}
 }
 
 // sender sends a batch (one pipelined write, merged by the runner into few script

@@ -86,10 +86,7 @@ func (e *Engine) takeLone(msg message) (scripts.LoneRunner, scriptCall, bool) {
 	fx.scripts[0] = scriptCall{}
 	fx.scripts = fx.scripts[:0]
 	e.sends++
-	e.inflight++
-	if mayWaitForFill(&call) {
-		e.fillable++
-	}
+	e.callSent(&call)
 	return lone, call, true
 }
 
