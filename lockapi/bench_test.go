@@ -14,11 +14,13 @@ import (
 )
 
 // BenchmarkMutexUncontended is one goroutine taking and releasing one lock on its
-// own redis-server, four ways side by side:
+// own redis-server, five ways side by side:
 //
 //   - background: Lock and Unlock under context.Background(), which the engine
 //     serves on the caller's goroutine when it is idle (its direct lane: the call
 //     and its reply cost no goroutine hand-off);
+//   - background-nospin: the same on a client whose calls park for their replies
+//     at once (Options.ReplySpin negative);
 //   - fair-background: the same with a fair lock (its scripts keep a queue);
 //   - deadline: the same under a context with a deadline (the lane takes any
 //     context; this shows what creating and watching one costs);
@@ -33,6 +35,11 @@ func BenchmarkMutexUncontended(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer c.Close()
+	parking, err := lockapi.New(lockapi.Options{Addrs: []string{srv.Addr()}, ReplySpin: -1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer parking.Close()
 	cycle := func(b *testing.B, m *lockapi.Mutex, ctx func() (context.Context, context.CancelFunc)) {
 		for b.Loop() {
 			lctx, cancel := ctx()
@@ -49,6 +56,11 @@ func BenchmarkMutexUncontended(b *testing.B) {
 	}
 	b.Run("background", func(b *testing.B) {
 		cycle(b, c.Mutex(lockName(b, "background")), func() (context.Context, context.CancelFunc) {
+			return context.Background(), func() {}
+		})
+	})
+	b.Run("background-nospin", func(b *testing.B) {
+		cycle(b, parking.Mutex(lockName(b, "background-nospin")), func() (context.Context, context.CancelFunc) {
 			return context.Background(), func() {}
 		})
 	})

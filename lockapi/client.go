@@ -2,6 +2,7 @@ package lockapi
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -9,6 +10,7 @@ import (
 	"sync/atomic"
 
 	"github.com/leash-go/leash/engine"
+	"github.com/leash-go/leash/internal/replyspin"
 	"github.com/leash-go/leash/internal/scripts"
 	"github.com/leash-go/leash/pubsub"
 	"github.com/redis/rueidis"
@@ -23,6 +25,7 @@ type Client struct {
 	engine  *engine.Engine
 	pubsub  *pubsub.Registry
 	runner  *scripts.Redis
+	spin    *replyspin.Spinner // polls for the lone lane's replies; nil: off
 	closeMu sync.Mutex  // serializes Close calls
 	closed  atomic.Bool // set at the start of Close: later calls fail fast with ErrClosed
 }
@@ -38,7 +41,13 @@ func New(opts Options) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{opts: opts, rc: opts.Client}
+	var spin *replyspin.Spinner
 	if c.rc == nil {
+		spin = replyspin.New(opts.ReplySpin)
+		var dial func(context.Context, string, *net.Dialer, *tls.Config) (net.Conn, error)
+		if spin != nil {
+			dial = spin.DialContext
+		}
 		c.rc, err = rueidis.NewClient(rueidis.ClientOption{
 			InitAddress:  opts.Addrs,
 			Username:     opts.Username,
@@ -48,6 +57,7 @@ func New(opts Options) (*Client, error) {
 			// Bounds every call to a server that stopped answering (paused, cut off).
 			ConnWriteTimeout: opts.OpTimeout,
 			Dialer:           net.Dialer{Timeout: opts.DialTimeout},
+			DialCtxFn:        dial,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("leash: connect to %v: %w", opts.Addrs, err)
@@ -74,6 +84,8 @@ func New(opts Options) (*Client, error) {
 	}
 	var eng *engine.Engine
 	c.runner = scripts.NewRedis(c.rc)
+	c.runner.SpinLone(spin)
+	c.spin = spin
 	c.pubsub = pubsub.New(c.rc,
 		func(channel, message string) { eng.NotifyMessage(channel, message) },
 		func() { eng.NotifyResubscribed() })

@@ -16,3 +16,8 @@ func DescribeLock(c *Client, name string) string {
 	}
 	return s
 }
+
+// ReplySpinCounts is how many replies of c's lone lane were read by polling, and
+// how many polls ran out of budget (see package replyspin); zeros when c does not
+// poll.
+func ReplySpinCounts(c *Client) (polled, parked uint64) { return c.spin.Counts() }

@@ -7,6 +7,7 @@ import (
 	"github.com/redis/rueidis"
 
 	"github.com/leash-go/leash/engine"
+	"github.com/leash-go/leash/internal/replyspin"
 	"github.com/leash-go/leash/timer"
 )
 
@@ -38,6 +39,8 @@ const (
 	// says why 20 ms.
 	DefaultHandoffChain = engine.DefaultHandoffChain
 	DefaultHandoffAge   = engine.DefaultHandoffAge
+	// DefaultReplySpin is Options.ReplySpin's default.
+	DefaultReplySpin = replyspin.DefaultMax
 )
 
 // Options configure a Client. The zero value of every field means its default.
@@ -95,6 +98,18 @@ type Options struct {
 	// Redis); a negative HandoffAge is invalid.
 	HandoffChain int
 	HandoffAge   time.Duration
+	// ReplySpin is how long a Redis call alone in flight (an uncontended Lock or
+	// Unlock, a waiter's attempt when nothing else is in flight) polls its
+	// connection for the reply before it parks on the network poller, at most.
+	// On a loopback or same-rack connection a reply then reaches the caller
+	// without a kernel wake-up of an idle CPU, which costs about as much as the
+	// round trip itself; the caller's goroutine keeps its CPU busy meanwhile
+	// (yielding to any goroutine with work). The poll lasts at most twice the
+	// running average of such replies' times, and does not happen at all while
+	// that average is above ReplySpin, so a farther server costs no polling. It
+	// applies to the connections leash dials itself (not to Options.Client).
+	// Default DefaultReplySpin; negative turns polling off.
+	ReplySpin time.Duration
 }
 
 // withDefaults validates o and fills in defaults.
@@ -121,6 +136,9 @@ func (o Options) withDefaults() (Options, error) {
 		{"CloseTimeout", &o.CloseTimeout, DefaultCloseTimeout},
 		{"DialTimeout", &o.DialTimeout, DefaultDialTimeout},
 		{"HandoffAge", &o.HandoffAge, DefaultHandoffAge},
+	}
+	if o.ReplySpin == 0 {
+		o.ReplySpin = DefaultReplySpin
 	}
 	for _, f := range durations {
 		switch {

@@ -46,6 +46,8 @@ var _ FreshRunner = (*Redis)(nil)
 // write now and then (see transientRefusal). A transport error is returned as
 // the script call's would be: whether the command ran is unknown.
 func (r *Redis) RunLoneFresh(ctx context.Context, keys, args []string) (Reply, error) {
+	r.spin.Begin()
+	defer r.spin.End()
 	d := r.loneConn()
 	if d == nil || r.noRestore.Load() || len(keys) != 1 || len(args) != 2 {
 		return r.RunLone(ctx, LockAcquire, keys, args)

@@ -60,6 +60,8 @@ const fairUnlockMessage = "0"
 // last step, may also have queued the caller: a caller that gives up then
 // leaves the queue, as after any attempt whose reply was lost.
 func (r *Redis) RunLoneFreshFair(ctx context.Context, keys, args []string, channel string) (Reply, error) {
+	r.spin.Begin()
+	defer r.spin.End()
 	d := r.loneConn()
 	if d == nil || r.noRestore.Load() || len(keys) != 4 || len(args) < 5 || (args[4] != "0" && args[4] != "1") {
 		return r.RunLone(ctx, FairAcquire, keys, args)

@@ -77,6 +77,8 @@ var _ QuietReleaser = (*Redis)(nil)
 // Nobody is left waiting unless the connection fails between the two commands
 // and the release's retry fails too: then a waiter wakes at its own retry.
 func (r *Redis) RunLoneQuietRelease(ctx context.Context, id ID, keys, args []string) (Reply, error) {
+	r.spin.Begin()
+	defer r.spin.End()
 	d := r.loneConn()
 	if d == nil || !quietShape(id, keys, args) || (id == LockRelease && r.noPublish.Load()) {
 		return r.RunLone(ctx, id, keys, args)

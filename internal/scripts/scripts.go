@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/leash-go/leash/internal/replyspin"
 	"github.com/redis/rueidis"
 )
 
@@ -268,6 +269,9 @@ type Redis struct {
 	// shared counts the commands the plain-command paths sent that the scripts
 	// also run inside Lua (see SharedCommandsSent).
 	shared atomic.Uint64
+	// spin marks the lone lane's calls, whose replies its connections poll
+	// for (SpinLone); nil: none.
+	spin *replyspin.Spinner
 }
 
 // LoneRunner is a Runner with a faster lane for a call that is alone in flight.
@@ -557,6 +561,8 @@ func messageResult(m rueidis.RedisMessage) Result {
 // lone round trip of about 50 µs instead of about 75 µs. Concurrent calls still go
 // through the shared connection, whose pipelining serves them better.
 func (r *Redis) RunLone(ctx context.Context, id ID, keys, args []string) (Reply, error) {
+	r.spin.Begin()
+	defer r.spin.End()
 	d := r.loneConn()
 	if d == nil {
 		return r.Run(ctx, id, keys, args)
@@ -569,6 +575,11 @@ func (r *Redis) RunLone(ctx context.Context, id ID, keys, args []string) (Reply,
 	}
 	return out.Reply, out.Err
 }
+
+// SpinLone makes the lone lane's calls (RunLone and the RunLone* methods) marked
+// calls of s, so that a connection s dialled polls for their replies (see package
+// replyspin). Call it before the first call; nil turns it off.
+func (r *Redis) SpinLone(s *replyspin.Spinner) { r.spin = s }
 
 func (r *Redis) loneConn() rueidis.DedicatedClient {
 	r.loneMu.Lock()
