@@ -27,6 +27,8 @@ import (
 //   - bare: what any lock costs at least, a SET NX PX and a compare-and-delete
 //     script on a dedicated rueidis connection (two round trips, no engine).
 //
+// Each reports its client's CPU time per op (cpu-µs/op) besides its wall time.
+//
 // Run: go test ./lockapi -run '^$' -bench MutexUncontended -count 5
 func BenchmarkMutexUncontended(b *testing.B) {
 	srv := testredis.New(b)
@@ -41,6 +43,7 @@ func BenchmarkMutexUncontended(b *testing.B) {
 	}
 	defer parking.Close()
 	cycle := func(b *testing.B, m *lockapi.Mutex, ctx func() (context.Context, context.CancelFunc)) {
+		defer reportCPU(b)()
 		for b.Loop() {
 			lctx, cancel := ctx()
 			if err := m.Lock(lctx); err != nil {
@@ -88,6 +91,7 @@ func BenchmarkMutexUncontended(b *testing.B) {
 			b.Fatal(err)
 		}
 		key := lockName(b, "bare")
+		defer reportCPU(b)()
 		for b.Loop() {
 			if err := d.Do(ctx, d.B().Set().Key(key).Value("token").Nx().PxMilliseconds(30000).Build()).Error(); err != nil {
 				b.Fatal(err)
@@ -97,6 +101,18 @@ func BenchmarkMutexUncontended(b *testing.B) {
 			}
 		}
 	})
+}
+
+// reportCPU starts counting the process's CPU time; the function it returns
+// reports it per op as "cpu-µs/op" (the client side only: redis-server is a
+// process of its own). Call that function after the benchmark's loop.
+func reportCPU(b *testing.B) func() {
+	start := processCPU()
+	return func() {
+		if used := processCPU() - start; used > 0 && b.N > 0 {
+			b.ReportMetric(float64(used.Nanoseconds())/1e3/float64(b.N), "cpu-µs/op")
+		}
+	}
 }
 
 // BenchmarkMutexParallel is scenario B of the harness (bench/) as a Go benchmark:
