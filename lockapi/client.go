@@ -26,8 +26,8 @@ type Client struct {
 	pubsub  *pubsub.Registry
 	runner  *scripts.Redis
 	spin    *replyspin.Spinner // polls for the lone lane's replies; nil: off
-	closeMu sync.Mutex  // serializes Close calls
-	closed  atomic.Bool // set at the start of Close: later calls fail fast with ErrClosed
+	closeMu sync.Mutex         // serializes Close calls
+	closed  atomic.Bool        // set at the start of Close: later calls fail fast with ErrClosed
 }
 
 var _ engine.Subscriber = (*pubsub.Registry)(nil)
