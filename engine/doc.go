@@ -22,7 +22,8 @@
 //     few script calls (scripts.RunBatch), at most four batches in flight (see
 //     maxSends; under load, a call that only its caller waits for may wait for a
 //     fuller batch before taking a slot: waitForFill); a call alone in flight
-//     takes the runner's dedicated connection (scripts.RunLone). The sender steps the
+//     takes the runner's dedicated connection (scripts.RunLone), where lockapi's
+//     connections poll briefly for its reply (internal/replyspin). The sender steps the
 //     machine with the replies and sends what is pending by then, and ends when
 //     nothing is. Timer firings, unlock messages that find the engine busy, and
 //     cancellations come back through a mailbox that never blocks its sender, so

@@ -107,10 +107,12 @@ func (s *Spinner) budget() time.Duration {
 	return min(2*avg, s.max)
 }
 
-// observe folds one reply's time into the running average (weight 1/8). Marked
+// observe folds one reply's time into the running average (weight 1/8), counted
+// as at most 8 times the maximum: one reply from a server that stalled for
+// seconds then turns polling off for about 16 calls, not for thousands. Marked
 // calls do not overlap, so a plain load and store suffice.
 func (s *Spinner) observe(writtenAt int64) {
-	d := s.now() - writtenAt
+	d := min(s.now()-writtenAt, int64(8*s.max))
 	if d <= 0 {
 		d = 1
 	}

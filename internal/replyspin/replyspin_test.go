@@ -243,3 +243,16 @@ func TestOffAndTLS(t *testing.T) {
 		t.Fatalf("err %v, want ErrTLS", err)
 	}
 }
+
+// One reply from a stalled server counts as at most 8 times the maximum, so fast
+// replies bring the polling back within a few dozen calls.
+func TestStallCountsAsAtMostEightTimesTheMaximum(t *testing.T) {
+	s := replyspin.New(time.Millisecond)
+	c := dial(t, s, peer{delay: 50 * time.Millisecond})
+	if _, err := call(t, s, c, true); err != nil {
+		t.Fatal(err)
+	}
+	if avg := s.Average(); avg != 8*time.Millisecond {
+		t.Fatalf("average after one 50ms reply: %v, want 8ms (clamped)", avg)
+	}
+}
