@@ -54,14 +54,16 @@ type scriptCall struct {
 	joining  bool     // purposeAttempt: a fair waiter's first attempt (see fairAdvance)
 	// fresh: purposeAttempt, a plain lock's first attempt on a lock that looks
 	// free (no local hold, its last attempt not refused): the lone lane may take
-	// it with one plain command (scripts.FreshRunner); or a fair lock's first
+	// it with one plain command (scripts.FreshRunner), and so may a batch
+	// (scripts.Call.Fresh; see resendRefusedFresh); or a fair lock's first
 	// attempt where the lock's last release here found nobody queued (see
-	// fairAttempt): two (scripts.FreshFairRunner).
+	// fairAttempt): two, on the lone lane (scripts.FreshFairRunner).
 	fresh bool
 	// quiet: purposeUnlock, a lock's release of its only holder's last count,
 	// with no waiter here and nobody listening (or, fair, queued) at the lock's
 	// last release (quietRelease): the lone lane may take it with two plain
-	// commands (scripts.QuietReleaser).
+	// commands (scripts.QuietReleaser), and a batch a plain lock's
+	// (scripts.Call.Quiet).
 	quiet    bool
 	channel  string   // fresh, fair: the lock's unlock channel (scripts.FreshFairRunner)
 	batch    []uint64 // purposeRenew: hold ids, in KEYS order

@@ -781,7 +781,7 @@ func (e *Engine) sender(job sendJob) {
 		default:
 			calls = calls[:0]
 			for _, c := range job.batch {
-				calls = append(calls, scripts.Call{ID: c.script, Keys: c.keys, Args: c.args})
+				calls = append(calls, scripts.Call{ID: c.script, Keys: c.keys, Args: c.args, Fresh: c.fresh, Quiet: c.quiet})
 			}
 			bd := e.doBatch(e.runner.(scripts.BatchRunner), job.batch, calls, results)
 			results = bd.results

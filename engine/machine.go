@@ -471,6 +471,10 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		if m.retryOnce(d) || m.retryLeaveLater(d) {
 			return // still in flight: the owner (and an early grant's receiver) stays busy
 		}
+	case d.call.purpose == purposeAttempt:
+		if m.resendRefusedFresh(d) {
+			return // still in flight, as the script now
+		}
 	}
 	m.answering = answeringCall{ // until its owners are marked idle (see ownCalls)
 		lock: d.call.lock, owner: d.call.owner, receiver: d.call.receiver,

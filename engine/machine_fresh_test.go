@@ -74,3 +74,52 @@ func TestMachineFreshMarksFirstAttemptsOnFreeLocks(t *testing.T) {
 	h.acquire("L", 10, 0, -1)
 	wantFresh("first attempt after a grant", h.take().one(t, scripts.LockAcquire), true)
 }
+
+// A batch's RESTORE refused for a fresh attempt (scripts.ErrFreshRefused:
+// nothing ran) sends the same attempt again at once as the script, not fresh;
+// its waiter keeps waiting for that reply, and the lock's next first attempts are
+// not fresh either.
+func TestMachineFreshRefusedInBatchResendsTheScript(t *testing.T) {
+	h := newMH(t)
+	w := h.acquire("L", 7, 0, -1)
+	att := h.take().one(t, scripts.LockAcquire)
+	if !att.fresh {
+		t.Fatal("the first attempt is not fresh")
+	}
+	h.reply(att, scripts.Reply{}, scripts.ErrFreshRefused)
+	again := h.take().one(t, scripts.LockAcquire)
+	if again.fresh || again.waiter != att.waiter || again.owner != att.owner {
+		t.Fatalf("resent attempt %+v, want the same waiter's, not fresh", again)
+	}
+	mustPending(t, "waiter while its script is in flight", w.future)
+	if !h.lock("L").refusedLast {
+		t.Error("the lock does not count as refused here")
+	}
+	h.reply(again, replyNil, nil)
+	h.take()
+	mustGranted(t, "the script's grant", w.future)
+
+	// Refused again while the waiter is gone: the script still goes (the owner's
+	// attempt is in flight until it answers), and its grant is given back.
+	call, f := h.unlockCall(t, "L", 7, scripts.LockRelease)
+	h.reply(call, replyInt(2), nil)
+	mustGranted(t, "unlock", f)
+	h.take()
+	h.lock("L").refusedLast = false // as after a grant elsewhere: fresh again
+	w = h.acquire("L", 8, 0, -1)
+	att = h.take().one(t, scripts.LockAcquire)
+	if !att.fresh {
+		t.Fatal("the attempt after the release is not fresh")
+	}
+	w.cancel()
+	h.take()
+	h.reply(att, scripts.Reply{}, scripts.ErrFreshRefused)
+	again = h.take().one(t, scripts.LockAcquire)
+	if again.fresh {
+		t.Fatal("the resent attempt is fresh")
+	}
+	h.reply(again, replyNil, nil)
+	if got := h.take().calls(scripts.LockReleaseOwner); len(got) != 1 {
+		t.Fatalf("the gone waiter's grant was not given back: %v", h.take())
+	}
+}

@@ -88,37 +88,24 @@ func (r *Redis) RunLoneQuietRelease(ctx context.Context, id ID, keys, args []str
 		second = d.B().Lindex().Key(keys[1]).Index(0).Build()
 	}
 	res := d.DoMulti(ctx, d.B().Hdel().Key(keys[0]).Field(args[2]).Build(), second)
+	if id == LockRelease {
+		out := r.quietLockResult(res[0], res[1])
+		if out.Err != nil {
+			return Reply{}, r.quietErr(d, out.Err)
+		}
+		return out.Reply, nil
+	}
 	r.countRan(res...)
 	deleted, err := res[0].AsInt64()
 	if err != nil {
 		return Reply{}, r.quietErr(d, err)
 	}
-	var somebody bool
-	if id == FairRelease {
-		head, herr := res[1].ToMessage()
-		if err = herr; err == nil {
-			somebody = !head.IsNil()
-		}
-	} else {
-		var heard int64
-		heard, err = res[1].AsInt64()
-		somebody = heard > 0
-	}
-	if _, isReply := rueidis.IsRedisErr(err); isReply && id == LockRelease {
-		// PUBLISH refused after HDEL ran: a user that may not publish (Redis 7's
-		// default channel permissions for a new ACL user). The script publishes
-		// only to listeners, so such a user's uncontended releases work with it:
-		// this Redis gets the script from now on. The lock was released all the
-		// same; nobody heard of it, as nobody would have with the script (which
-		// fails alike when somebody listens).
-		r.noPublish.Store(true)
-		somebody, err = false, nil
-	}
+	head, err := res[1].ToMessage()
 	switch {
 	case err != nil && !rueidis.IsRedisNil(err):
 		return Reply{}, r.quietErr(d, err)
-	case id == FairRelease && somebody:
-		// Pass the lock on to the queue (see above).
+	case !head.IsNil():
+		// Somebody is queued: pass the lock on to the queue (see above).
 		reply, err := r.RunLone(ctx, FairRelease, keys, args)
 		if err != nil || deleted == 0 {
 			return reply, err
@@ -126,8 +113,6 @@ func (r *Redis) RunLoneQuietRelease(ctx context.Context, id ID, keys, args []str
 		return Reply{Int: 1, SentAt: reply.SentAt}, nil
 	case deleted == 0:
 		return Reply{Nil: true}, nil
-	case somebody:
-		return Reply{Int: 1}, nil
 	default:
 		return Reply{Int: 2}, nil
 	}

@@ -228,6 +228,12 @@ type Runner interface {
 type Call struct {
 	ID         ID
 	Keys, Args []string
+	// Fresh and Quiet say the call may go as plain commands (see
+	// batch_plain.go): Fresh, a LockAcquire on a lock the caller expects to
+	// find free (as RunLoneFresh); Quiet, a LockRelease of an owner's last count
+	// on a lock nobody listened on lately (as RunLoneQuietRelease). Other
+	// scripts ignore them.
+	Fresh, Quiet bool
 }
 
 // Result is one call's outcome.
@@ -331,10 +337,10 @@ const (
 // such calls are on different owners' behalf.
 func (r *Redis) RunBatch(ctx context.Context, calls []Call, out []Result) []Result {
 	c := r.client
-	units := split(calls)
-	cmds := make(rueidis.Commands, len(units))
+	units, kinds := r.split(calls)
+	cmds := make(rueidis.Commands, 0, len(units)+1)
 	for i, u := range units {
-		cmds[i] = r.command(u)
+		cmds = r.appendCommands(cmds, kinds[i], u)
 	}
 	// out's array, grown if need be; every element is set below.
 	out = slices.Grow(out[:0], len(calls))[:len(calls)]
@@ -345,12 +351,23 @@ func (r *Redis) RunBatch(ctx context.Context, calls []Call, out []Result) []Resu
 		start += len(u)
 	}
 	var missed []int
-	for i, res := range c.DoMulti(ctx, cmds...) {
-		if e, ok := rueidis.IsRedisErr(res.Error()); ok && e.IsNoScript() {
+	replies := c.DoMulti(ctx, cmds...)
+	for i, u := range units {
+		res := replies[:kinds[i].commands()]
+		replies = replies[len(res):]
+		switch kinds[i] {
+		case viaRestore:
+			results[i][0] = r.restoreResult(res[0])
+			continue
+		case viaHdelPublish:
+			results[i][0] = r.quietLockResult(res[0], res[1])
+			continue
+		}
+		if e, ok := rueidis.IsRedisErr(res[0].Error()); ok && e.IsNoScript() {
 			missed = append(missed, i)
 			continue
 		}
-		unitResults(results[i], units[i], res)
+		unitResults(results[i], u, res[0])
 	}
 	if len(missed) > 0 {
 		r.retryMissed(ctx, units, missed, results, 1)
@@ -358,22 +375,34 @@ func (r *Redis) RunBatch(ctx context.Context, calls []Call, out []Result) []Resu
 	return out
 }
 
-// split cuts calls into units of at most MaxMerged calls and MaxMergedKeys keys
-// (a call with more keys is a unit of its own).
-func split(calls []Call) [][]Call {
-	var units [][]Call
+// split cuts calls, in order, into units: of at most MaxMerged script calls and
+// MaxMergedKeys keys (a call with more keys is a unit of its own), and a unit of
+// its own for each call that goes as plain commands; kinds[i] is how units[i]
+// goes.
+func (r *Redis) split(calls []Call) (units [][]Call, kinds []sendKind) {
 	start, keys := 0, 0
+	cut := func(end int) {
+		if end > start {
+			units = append(units, calls[start:end])
+			kinds = append(kinds, viaScript)
+		}
+		start, keys = end, 0
+	}
 	for i, call := range calls {
+		if k := r.sendKindOf(call); k != viaScript {
+			cut(i)
+			units = append(units, calls[i:i+1])
+			kinds = append(kinds, k)
+			start = i + 1
+			continue
+		}
 		if i > start && (i-start == MaxMerged || keys+len(call.Keys) > MaxMergedKeys) {
-			units = append(units, calls[start:i])
-			start, keys = i, 0
+			cut(i)
 		}
 		keys += len(call.Keys)
 	}
-	if start < len(calls) {
-		units = append(units, calls[start:])
-	}
-	return units
+	cut(len(calls))
+	return units, kinds
 }
 
 // retryMissed loads every script and sends the units that met NOSCRIPT again, in
