@@ -1,7 +1,6 @@
 package engine
 
 import (
-	"errors"
 	"slices"
 	"time"
 
@@ -292,27 +291,32 @@ func (m *machine) localHoldTTL(l *lockState, now time.Time) time.Duration {
 	return max(ttl, 0)
 }
 
-// onAttemptDone reads an acquire reply: nil = held, an integer = the lock's PTTL.
 // resendRefusedFresh sends a fresh attempt again as the acquire script when a
 // batch's RESTORE for it was refused (scripts.ErrFreshRefused: the lock exists,
-// held elsewhere most likely; nothing ran), at once and as the same attempt:
-// its waiter and lock stay attempting, its owner busy. The lock counts as
-// refused here, so its next attempts go as the script from the start. It
-// reports whether it did; not while the engine closes, when the waiter is
-// answered as after any failed attempt.
+// held elsewhere most likely, or RESTORE is not allowed; nothing ran), at once
+// and as the same attempt: its waiter and lock stay attempting, its owner busy.
+// The lock counts as refused here, so its next attempts go as the script from
+// the start. It reports whether it did: not for a waiter that is gone,
+// cancelled or out of time, nor while the engine closes (onScriptDone then
+// answers the attempt as a refusal).
 func (m *machine) resendRefusedFresh(d scriptDone) bool {
 	l := m.lockByID[d.call.lock]
-	if !errors.Is(d.err, scripts.ErrFreshRefused) || l == nil || m.closing {
+	if l == nil {
 		return false
 	}
 	l.refusedLast = true
 	l.quietLast = false // held elsewhere: its holder's waiters may listen
+	w := m.waiters[d.call.waiter]
+	if w == nil || w.cancelErr != nil || w.expired || m.closing {
+		return false
+	}
 	retry := d.call
 	retry.fresh = false
 	m.run(retry)
 	return true
 }
 
+// onAttemptDone reads an acquire reply: nil = held, an integer = the lock's PTTL.
 func (m *machine) onAttemptDone(d scriptDone, now time.Time) {
 	l := m.lockByID[d.call.lock]
 	w := m.waiters[d.call.waiter]

@@ -471,10 +471,13 @@ func (m *machine) onScriptDone(d scriptDone, now time.Time) {
 		if m.retryOnce(d) || m.retryLeaveLater(d) {
 			return // still in flight: the owner (and an early grant's receiver) stays busy
 		}
-	case d.call.purpose == purposeAttempt:
+	case d.call.purpose == purposeAttempt && errors.Is(d.err, scripts.ErrFreshRefused):
 		if m.resendRefusedFresh(d) {
 			return // still in flight, as the script now
 		}
+		// Nothing ran, for a waiter that no longer waits: answered as a refusal
+		// that found the lock gone (as lock_acquire's -2), which settles it.
+		d.err, d.reply = nil, scripts.Reply{Int: -2}
 	}
 	m.answering = answeringCall{ // until its owners are marked idle (see ownCalls)
 		lock: d.call.lock, owner: d.call.owner, receiver: d.call.receiver,

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -78,7 +80,7 @@ func TestMachineFreshMarksFirstAttemptsOnFreeLocks(t *testing.T) {
 // A batch's RESTORE refused for a fresh attempt (scripts.ErrFreshRefused:
 // nothing ran) sends the same attempt again at once as the script, not fresh;
 // its waiter keeps waiting for that reply, and the lock's next first attempts are
-// not fresh either.
+// not fresh either. A waiter that no longer waits is answered instead.
 func TestMachineFreshRefusedInBatchResendsTheScript(t *testing.T) {
 	h := newMH(t)
 	w := h.acquire("L", 7, 0, -1)
@@ -99,8 +101,8 @@ func TestMachineFreshRefusedInBatchResendsTheScript(t *testing.T) {
 	h.take()
 	mustGranted(t, "the script's grant", w.future)
 
-	// Refused again while the waiter is gone: the script still goes (the owner's
-	// attempt is in flight until it answers), and its grant is given back.
+	// Refused while its waiter has been cancelled: nothing ran and nothing is
+	// sent; the waiter gets its context's error.
 	call, f := h.unlockCall(t, "L", 7, scripts.LockRelease)
 	h.reply(call, replyInt(2), nil)
 	mustGranted(t, "unlock", f)
@@ -111,15 +113,13 @@ func TestMachineFreshRefusedInBatchResendsTheScript(t *testing.T) {
 	if !att.fresh {
 		t.Fatal("the attempt after the release is not fresh")
 	}
-	w.cancel()
+	h.cancelCtx(w)
 	h.take()
 	h.reply(att, scripts.Reply{}, scripts.ErrFreshRefused)
-	again = h.take().one(t, scripts.LockAcquire)
-	if again.fresh {
-		t.Fatal("the resent attempt is fresh")
+	if st := h.take(); len(st.scripts) != 0 {
+		t.Fatalf("calls after a cancelled waiter's refused RESTORE: %v", st)
 	}
-	h.reply(again, replyNil, nil)
-	if got := h.take().calls(scripts.LockReleaseOwner); len(got) != 1 {
-		t.Fatalf("the gone waiter's grant was not given back: %v", h.take())
+	if err := mustGet(t, "cancelled waiter", w.future); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled waiter got %v, want context.Canceled", err)
 	}
 }

@@ -39,8 +39,11 @@ const (
 	// says why 20 ms.
 	DefaultHandoffChain = engine.DefaultHandoffChain
 	DefaultHandoffAge   = engine.DefaultHandoffAge
-	// DefaultReplySpin is Options.ReplySpin's default.
+	// DefaultReplySpin is Options.ReplySpin's default; MaxReplySpin its largest
+	// value: a poll longer than a millisecond would spend more CPU than a park
+	// and a wake-up cost on any server worth polling for.
 	DefaultReplySpin = replyspin.DefaultMax
+	MaxReplySpin     = time.Millisecond
 )
 
 // Options configure a Client. The zero value of every field means its default.
@@ -108,7 +111,8 @@ type Options struct {
 	// running average of such replies' times, and does not happen at all while
 	// that average is above ReplySpin, so a farther server costs no polling. It
 	// applies to the connections leash dials itself (not to Options.Client).
-	// Default DefaultReplySpin; negative turns polling off.
+	// Default DefaultReplySpin; at most MaxReplySpin; negative turns polling
+	// off. A machine with one CPU never polls.
 	ReplySpin time.Duration
 }
 
@@ -137,8 +141,11 @@ func (o Options) withDefaults() (Options, error) {
 		{"DialTimeout", &o.DialTimeout, DefaultDialTimeout},
 		{"HandoffAge", &o.HandoffAge, DefaultHandoffAge},
 	}
-	if o.ReplySpin == 0 {
+	switch {
+	case o.ReplySpin == 0:
 		o.ReplySpin = DefaultReplySpin
+	case o.ReplySpin > MaxReplySpin:
+		return o, fmt.Errorf("%w: Options.ReplySpin %v is above %v", ErrInvalidArgument, o.ReplySpin, MaxReplySpin)
 	}
 	for _, f := range durations {
 		switch {

@@ -1,6 +1,8 @@
 package lockapi_test
 
 import (
+	"errors"
+	"runtime"
 	"testing"
 	"time"
 
@@ -13,9 +15,9 @@ import (
 // replies are polled for (Options.ReplySpin), and the locks behave as usual.
 func TestLoneLanePollsForReplies(t *testing.T) {
 	srv := testredis.New(t)
-	// A budget far above any round trip here, so that the first reply, timed
-	// against no average yet, is read by polling even under -race.
-	c := newClient(t, srv, lockapi.Options{ReplySpin: time.Second})
+	// The largest budget, so that the first reply, timed against no average
+	// yet, is read by polling even under -race.
+	c := newClient(t, srv, lockapi.Options{ReplySpin: lockapi.MaxReplySpin})
 	m := c.Mutex(lockName(t, ""))
 	const cycles = 20
 	for i := range cycles {
@@ -27,6 +29,12 @@ func TestLoneLanePollsForReplies(t *testing.T) {
 		}
 	}
 	polled, parked := lockapi.ReplySpinCounts(c)
+	if runtime.NumCPU() < 2 { // nothing polls on one CPU (Options.ReplySpin)
+		if polled != 0 || parked != 0 {
+			t.Fatalf("one CPU: polled %d, parked %d; want none", polled, parked)
+		}
+		return
+	}
 	if polled == 0 || polled+parked < 2*cycles {
 		t.Fatalf("polled %d, parked %d: want some polled and at least one read per Lock and Unlock (%d)", polled, parked, 2*cycles)
 	}
@@ -63,5 +71,13 @@ func TestReplySpinOff(t *testing.T) {
 				t.Fatalf("polled %d, parked %d; want none", polled, parked)
 			}
 		})
+	}
+}
+
+func TestReplySpinBounds(t *testing.T) {
+	srv := testredis.New(t)
+	_, err := lockapi.New(lockapi.Options{Addrs: []string{srv.Addr()}, ReplySpin: lockapi.MaxReplySpin + 1})
+	if !errors.Is(err, lockapi.ErrInvalidArgument) {
+		t.Fatalf("ReplySpin above MaxReplySpin: %v, want ErrInvalidArgument", err)
 	}
 }

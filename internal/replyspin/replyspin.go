@@ -28,6 +28,7 @@ type Spinner struct {
 	avg   atomic.Int64  // running average reply time in ns; 0 before the first
 
 	polled, parked atomic.Uint64 // replies read by polling, and reads that parked after polling
+	polling        atomic.Int32  // polls under way (for tests)
 }
 
 // New returns a Spinner whose reads poll for at most max. It returns nil, whose
@@ -78,14 +79,15 @@ var ErrTLS = errors.New("leash: replyspin dials plain TCP only; TLS is not suppo
 
 // DialContext dials addr over TCP with d. It has the shape of
 // rueidis.ClientOption.DialCtxFn and fails with ErrTLS when tlsCfg is set. The
-// connection it returns polls for replies inside marked calls.
+// connection it returns polls for replies inside marked calls; a nil Spinner's
+// is the plain TCP connection.
 func (s *Spinner) DialContext(ctx context.Context, addr string, d *net.Dialer, tlsCfg *tls.Config) (net.Conn, error) {
 	if tlsCfg != nil {
 		return nil, ErrTLS
 	}
 	nc, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, err
+	if err != nil || s == nil {
+		return nc, err
 	}
 	return &conn{Conn: nc, s: s, poller: newPoller(nc)}, nil
 }
@@ -109,8 +111,10 @@ func (s *Spinner) budget() time.Duration {
 
 // observe folds one reply's time into the running average (weight 1/8), counted
 // as at most 8 times the maximum: one reply from a server that stalled for
-// seconds then turns polling off for about 16 calls, not for thousands. Marked
-// calls do not overlap, so a plain load and store suffice.
+// seconds turns polling off for at most about 16 fast replies (fewer the faster
+// they are), not for thousands. Marked calls do not overlap, so a plain load and
+// store suffice; the rare read of another connection written during a marked
+// call (a subscription's, a keep-alive PING's) may lose one sample.
 func (s *Spinner) observe(writtenAt int64) {
 	d := min(s.now()-writtenAt, int64(8*s.max))
 	if d <= 0 {
@@ -146,18 +150,31 @@ func (c *conn) Write(p []byte) (int, error) {
 }
 
 // Read reads as net.Conn does; the first read after a write made inside the
-// call marked now polls first, for up to the Spinner's budget.
+// call marked now polls first, for up to the Spinner's budget. Any read that
+// returns data ends the wait for a reply: a reader that was parked already when
+// the write was made (a subscription connection's) does not poll for a reply
+// it has read.
 func (c *conn) Read(p []byte) (int, error) {
 	seq := c.s.cur.Load()
 	if seq == 0 || c.wroteIn.Load() != seq || len(p) == 0 {
-		return c.Conn.Read(p)
+		n, err := c.Conn.Read(p)
+		if n > 0 {
+			c.wroteIn.Store(0)
+		}
+		return n, err
 	}
 	c.wroteIn.Store(0)
 	if budget := c.s.budget(); budget > 0 && c.poller != nil {
-		if n, err, ok := c.poller.poll(p, budget); ok {
+		c.s.polling.Add(1)
+		n, err, ok := c.poller.poll(p, budget)
+		c.s.polling.Add(-1)
+		switch {
+		case ok && n > 0:
 			c.s.polled.Add(1)
 			c.s.observe(c.wroteAt.Load())
 			return n, err
+		case ok:
+			return n, err // the end of the stream: no reply to time
 		}
 		c.s.parked.Add(1)
 	}

@@ -241,3 +241,35 @@ func TestRunBatchPlainRefused(t *testing.T) {
 		t.Errorf("%d PUBLISHes refused, want 1 (none after the first refusal)", got)
 	}
 }
+
+// TestRunBatchPlainAfterScriptFlush: with the script cache flushed, a batch's
+// merged calls meet NOSCRIPT and go again after the scripts are loaded, while
+// its plain commands, which ran, answer at once; every call ends as it should.
+func TestRunBatchPlainAfterScriptFlush(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t) // a server of its own, whose script cache it flushes
+	e.setHash(t, "bflush-rel", "c:1=1", 10_000)
+	e.do(t, "SCRIPT", "FLUSH")
+	calls := []scripts.Call{
+		{ID: scripts.LockAcquire, Keys: []string{"bflush-acq"}, Args: []string{strconv.Itoa(lease), "c:1"}},
+		quietCall("bflush-rel", "c:1"),
+		freshCall("bflush-fresh", "c:1"),
+		{ID: scripts.LockAcquire, Keys: []string{"bflush-acq2"}, Args: []string{strconv.Itoa(lease), "c:1"}},
+	}
+	out := e.r.RunBatch(ctxT(t), calls, nil)
+	for i, want := range []string{"nil", "2", "nil", "nil"} {
+		if out[i].Err != nil {
+			t.Fatalf("call %d: %v", i, out[i].Err)
+		}
+		wantReply(t, fmt.Sprintf("call %d", i), out[i].Reply, want)
+	}
+	for key, want := range map[string]string{"bflush-acq": "c:1=1", "bflush-rel": "", "bflush-fresh": "c:1=1", "bflush-acq2": "c:1=1"} {
+		e.wantHash(t, key, want)
+	}
+	if !out[1].Reply.SentAt.IsZero() || !out[2].Reply.SentAt.IsZero() {
+		t.Error("a plain command's reply is dated as sent again")
+	}
+	if out[0].Reply.SentAt.IsZero() {
+		t.Error("the merged call sent again after NOSCRIPT is not dated at its second send")
+	}
+}

@@ -155,9 +155,9 @@ func (r *Redis) countRan(res ...rueidis.RedisResult) {
 	}
 }
 
-// SharedCommandsSent returns how many commands RunLoneQuietRelease and
-// RunLoneFreshFair have had run that the scripts also run inside Lua (HDEL,
-// PUBLISH, LINDEX; RESTORE is never run by a script). Redis counts the commands
+// SharedCommandsSent returns how many commands RunLoneQuietRelease,
+// RunLoneFreshFair and RunBatch's quiet releases have had run that the scripts
+// also run inside Lua (HDEL, PUBLISH, LINDEX; RESTORE is never run by a script). Redis counts the commands
 // inside scripts in INFO commandstats as it counts the client's own, so a tool
 // that counts a client's requests from there (the benchmark harness) adds
 // these to what it takes for script-only commands.

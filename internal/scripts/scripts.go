@@ -338,7 +338,7 @@ const (
 func (r *Redis) RunBatch(ctx context.Context, calls []Call, out []Result) []Result {
 	c := r.client
 	units, kinds := r.split(calls)
-	cmds := make(rueidis.Commands, 0, len(units)+1)
+	cmds := make(rueidis.Commands, 0, 2*len(units)) // a quiet release is two commands
 	for i, u := range units {
 		cmds = r.appendCommands(cmds, kinds[i], u)
 	}
