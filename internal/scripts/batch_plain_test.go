@@ -10,8 +10,6 @@ import (
 	"strconv"
 	"testing"
 
-	"github.com/redis/rueidis"
-
 	"github.com/leash-go/leash/internal/scripts"
 )
 
@@ -108,17 +106,7 @@ func TestRunBatchFresh(t *testing.T) {
 func TestRunBatchQuiet(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	for i, tc := range []struct {
-		name, hash string
-		listen     bool
-		want       string
-		wantHash   string
-	}{
-		{name: "held, nobody listens", hash: "c:1=1", want: "2"},
-		{name: "held, a listener", hash: "c:1=1", listen: true, want: "1"},
-		{name: "free", want: "nil"},
-		{name: "another owner's", hash: "c:2=1", want: "nil", wantHash: "c:2=1"},
-	} {
+	for i, tc := range quietCases {
 		t.Run(tc.name, func(t *testing.T) {
 			key := fmt.Sprintf("bquiet%d", i)
 			e.setHash(t, key, tc.hash, 1_000)
@@ -204,16 +192,7 @@ func TestRunBatchPlainShapes(t *testing.T) {
 func TestRunBatchPlainRefused(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.do(t, "ACL", "SETUSER", "noplain", "on", ">pw", "~*", "resetchannels", "+@all", "-restore")
-	rc, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress: []string{e.srv.Addr()}, Username: "noplain", Password: "pw", DisableCache: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	r := scripts.NewRedis(rc)
-	defer r.Close()
+	r := e.aclRunner(t, "noplain", "~*", "resetchannels", "+@all", "-restore")
 	for i := range 3 {
 		key := fmt.Sprintf("bnoplain%d", i)
 		res := e.batch(t, r, key, freshCall(key, "c:1"))[0]

@@ -159,16 +159,7 @@ func TestRunLoneFresh(t *testing.T) {
 func TestRunLoneFreshWithoutRestore(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	e.do(t, "ACL", "SETUSER", "norestore", "on", ">pw", "~*", "&*", "+@all", "-restore")
-	rc, err := rueidis.NewClient(rueidis.ClientOption{
-		InitAddress: []string{e.srv.Addr()}, Username: "norestore", Password: "pw", DisableCache: true,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rc.Close()
-	r := scripts.NewRedis(rc)
-	defer r.Close()
+	r := e.aclRunner(t, "norestore", "~*", "&*", "+@all", "-restore")
 	for i := range 3 {
 		key := fmt.Sprintf("norestore%d", i)
 		wantReply(t, "RunLoneFresh", e.fresh(t, r, key, "c:1"), "nil")

@@ -23,6 +23,21 @@ func quietArgs(owner string) []string {
 	return []string{unlockMsg, strconv.Itoa(lease), owner, "client-q", "0", "0"}
 }
 
+// quietCases are last-count releases by c:1 and what lock_release answers and
+// leaves.
+var quietCases = []struct {
+	name     string
+	hash     string
+	listen   bool // another connection subscribes to the unlock channel
+	want     string
+	wantHash string
+}{
+	{name: "held, nobody listens", hash: "c:1=1", want: "2"},
+	{name: "held, a listener", hash: "c:1=1", listen: true, want: "1"},
+	{name: "free", want: "nil"},
+	{name: "another owner's", hash: "c:2=1", want: "nil", wantHash: "c:2=1"},
+}
+
 // TestRunLoneQuietRelease runs the same releases through the script and through
 // RunLoneQuietRelease, on the same lock states: the replies and what is left in
 // Redis are the same, and the quiet one runs no script. Only the unlock message
@@ -31,19 +46,7 @@ func quietArgs(owner string) []string {
 func TestRunLoneQuietRelease(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
-	cases := []struct {
-		name     string
-		hash     string
-		listen   bool // another connection subscribes to the unlock channel
-		want     string
-		wantHash string
-	}{
-		{name: "held, nobody listens", hash: "c:1=1", want: "2"},
-		{name: "held, a listener", hash: "c:1=1", listen: true, want: "1"},
-		{name: "free", want: "nil"},
-		{name: "another owner's", hash: "c:2=1", want: "nil", wantHash: "c:2=1"},
-	}
-	for i, tc := range cases {
+	for i, tc := range quietCases {
 		t.Run(tc.name, func(t *testing.T) {
 			for _, quiet := range []bool{false, true} {
 				key := fmt.Sprintf("quiet%d-%t", i, quiet)

@@ -63,6 +63,23 @@ func newEnv(t *testing.T) *env {
 	return &env{srv: srv, rc: rc, r: scripts.NewRedis(rc)}
 }
 
+// aclRunner creates the ACL user name (password "pw") with rules and returns a
+// runner on a client of that user's own; both are closed when the test ends.
+func (e *env) aclRunner(t *testing.T, name string, rules ...string) *scripts.Redis {
+	t.Helper()
+	e.do(t, append([]string{"ACL", "SETUSER", name, "on", ">pw"}, rules...)...)
+	rc, err := rueidis.NewClient(rueidis.ClientOption{
+		InitAddress: []string{e.srv.Addr()}, Username: name, Password: "pw", DisableCache: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rc.Close)
+	r := scripts.NewRedis(rc)
+	t.Cleanup(r.Close) // before rc.Close (cleanups run last-in first-out)
+	return r
+}
+
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(t.Context(), ioTimeout)
 	t.Cleanup(cancel)
