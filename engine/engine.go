@@ -776,7 +776,9 @@ func (e *Engine) sender(job sendJob) {
 		switch {
 		case job.lone != nil:
 			done = doLone(job.lone, job.batch[0])
-		case len(job.batch) == 1:
+		case len(job.batch) == 1 && !job.batch[0].fresh && !job.batch[0].quiet:
+			// One call alone goes as itself; a fresh attempt or a quiet release
+			// goes through RunBatch, which sends it as plain commands.
 			done = e.doScript(job.batch[0])
 		default:
 			calls = calls[:0]
