@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -295,6 +296,13 @@ func (e *Engine) NotifyMessage(channel, payload string) {
 // what is there already, so messages keep their order. (The second look at the
 // mailbox, under mu, catches a post the loop has been nudged for but not yet
 // drained; no test can hold the loop at that point without a hook.)
+//
+// When the step granted the lock to a caller here, the reader yields its
+// thread (runtime.Gosched) once mu is free: the granted caller, readied last,
+// runs at once instead of after the reader has gone back to its connection and
+// parked. Measured (scenario D only, three alternated pairs of runs, four
+// repetitions each): the Mutex's p50 39/41/44 → 32/34/36 µs and the fair
+// lock's 54/52/50 → 40/48/41 µs; the p99s moved within the runs' noise.
 func (e *Engine) stepNotice(msg message) bool {
 	if !e.mail.empty() || !e.mu.TryLock() {
 		return false
@@ -304,8 +312,12 @@ func (e *Engine) stepNotice(msg message) bool {
 		return false
 	}
 	e.step(msg, time.Now())
+	granted := len(e.m.grantsDue) > 0
 	e.apply()
 	e.mu.Unlock()
+	if granted {
+		runtime.Gosched()
+	}
 	return true
 }
 
