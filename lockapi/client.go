@@ -2,7 +2,6 @@ package lockapi
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -43,11 +42,7 @@ func New(opts Options) (*Client, error) {
 	c := &Client{opts: opts, rc: opts.Client}
 	var spin *replyspin.Spinner
 	if c.rc == nil {
-		spin = replyspin.New(opts.ReplySpin)
-		var dial func(context.Context, string, *net.Dialer, *tls.Config) (net.Conn, error)
-		if spin != nil {
-			dial = spin.DialContext
-		}
+		spin = replyspin.New(opts.ReplySpin) // nil (its connections plain) when off
 		c.rc, err = rueidis.NewClient(rueidis.ClientOption{
 			InitAddress:  opts.Addrs,
 			Username:     opts.Username,
@@ -57,7 +52,7 @@ func New(opts Options) (*Client, error) {
 			// Bounds every call to a server that stopped answering (paused, cut off).
 			ConnWriteTimeout: opts.OpTimeout,
 			Dialer:           net.Dialer{Timeout: opts.DialTimeout},
-			DialCtxFn:        dial,
+			DialCtxFn:        spin.DialContext,
 		})
 		if err != nil {
 			return nil, fmt.Errorf("leash: connect to %v: %w", opts.Addrs, err)

@@ -3,7 +3,6 @@ package scripts
 import (
 	"errors"
 	"fmt"
-	"strconv"
 
 	"github.com/redis/rueidis"
 )
@@ -43,8 +42,8 @@ func (k sendKind) commands() int {
 // sendKindOf says how call goes in a batch.
 func (r *Redis) sendKindOf(call Call) sendKind {
 	switch {
-	case call.Fresh && call.ID == LockAcquire && len(call.Keys) == 1 && len(call.Args) == 2 && !r.noRestore.Load():
-		if lease, err := strconv.ParseInt(call.Args[0], 10, 64); err == nil && lease > 0 {
+	case call.Fresh && call.ID == LockAcquire && !r.noRestore.Load():
+		if _, ok := freshLease(call.Keys, call.Args); ok {
 			return viaRestore
 		}
 	case call.Quiet && call.ID == LockRelease && quietShape(LockRelease, call.Keys, call.Args) && !r.noPublish.Load():
@@ -59,13 +58,11 @@ func (r *Redis) appendCommands(cmds rueidis.Commands, kind sendKind, unit []Call
 	switch kind {
 	case viaRestore:
 		call := unit[0]
-		lease, _ := strconv.ParseInt(call.Args[0], 10, 64) // checked by sendKindOf
+		lease, _ := freshLease(call.Keys, call.Args) // checked by sendKindOf
 		return append(cmds, b.Restore().Key(call.Keys[0]).Ttl(lease).SerializedValue(lockDump(call.Args[1])).Build())
 	case viaHdelPublish:
-		call := unit[0]
-		return append(cmds,
-			b.Hdel().Key(call.Keys[0]).Field(call.Args[2]).Build(),
-			b.Publish().Channel(call.Keys[1]).Message(call.Args[0]).Build())
+		hdel, publish := quietCommands(b, LockRelease, unit[0].Keys, unit[0].Args)
+		return append(cmds, hdel, publish)
 	}
 	return append(cmds, r.command(unit))
 }

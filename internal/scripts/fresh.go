@@ -49,18 +49,26 @@ func (r *Redis) RunLoneFresh(ctx context.Context, keys, args []string) (Reply, e
 	r.spin.Begin()
 	defer r.spin.End()
 	d := r.loneConn()
-	if d == nil || r.noRestore.Load() || len(keys) != 1 || len(args) != 2 {
-		return r.RunLone(ctx, LockAcquire, keys, args)
-	}
-	lease, err := strconv.ParseInt(args[0], 10, 64)
-	if err != nil || lease <= 0 {
+	lease, ok := freshLease(keys, args)
+	if d == nil || r.noRestore.Load() || !ok {
 		return r.RunLone(ctx, LockAcquire, keys, args) // the script's own error or answer
 	}
-	err = d.Do(ctx, d.B().Restore().Key(keys[0]).Ttl(lease).SerializedValue(r.dumpOf(args[1])).Build()).Error()
+	err := d.Do(ctx, d.B().Restore().Key(keys[0]).Ttl(lease).SerializedValue(r.dumpOf(args[1])).Build()).Error()
 	if err == nil {
 		return Reply{Nil: true}, nil // the script's "acquired"
 	}
 	return r.afterRestore(ctx, d, err, LockAcquire, keys, args)
+}
+
+// freshLease returns the lease of an acquire with keys [lock] and args [lease
+// ms, owner field] that RESTORE can stand for; ok is false for any other shape,
+// or a lease that is no positive integer (the script's to answer).
+func freshLease(keys, args []string) (lease int64, ok bool) {
+	if len(keys) != 1 || len(args) != 2 {
+		return 0, false
+	}
+	lease, err := strconv.ParseInt(args[0], 10, 64)
+	return lease, err == nil && lease > 0
 }
 
 // afterRestore answers an attempt whose RESTORE failed with err: a transport

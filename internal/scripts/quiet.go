@@ -83,11 +83,8 @@ func (r *Redis) RunLoneQuietRelease(ctx context.Context, id ID, keys, args []str
 	if d == nil || !quietShape(id, keys, args) || (id == LockRelease && r.noPublish.Load()) {
 		return r.RunLone(ctx, id, keys, args)
 	}
-	second := d.B().Publish().Channel(keys[1]).Message(args[0]).Build()
-	if id == FairRelease {
-		second = d.B().Lindex().Key(keys[1]).Index(0).Build()
-	}
-	res := d.DoMulti(ctx, d.B().Hdel().Key(keys[0]).Field(args[2]).Build(), second)
+	hdel, second := quietCommands(d.B(), id, keys, args)
+	res := d.DoMulti(ctx, hdel, second)
 	if id == LockRelease {
 		out := r.quietLockResult(res[0], res[1])
 		if out.Err != nil {
@@ -116,6 +113,17 @@ func (r *Redis) RunLoneQuietRelease(ctx context.Context, id ID, keys, args []str
 	default:
 		return Reply{Int: 2}, nil
 	}
+}
+
+// quietCommands are a quiet release's two commands: HDEL of the owner's field,
+// then, for LockRelease, PUBLISH of the unlock message, for FairRelease LINDEX of
+// the queue's head.
+func quietCommands(b rueidis.Builder, id ID, keys, args []string) (hdel, second rueidis.Completed) {
+	hdel = b.Hdel().Key(keys[0]).Field(args[2]).Build()
+	if id == FairRelease {
+		return hdel, b.Lindex().Key(keys[1]).Index(0).Build()
+	}
+	return hdel, b.Publish().Channel(keys[1]).Message(args[0]).Build()
 }
 
 // quietShape reports whether keys and args are a last-count release that
