@@ -80,7 +80,7 @@ func handedOver(d scriptDone) bool {
 	case d.call.script == scripts.FairHandoff:
 		return d.reply.Int >= 2
 	}
-	return d.reply.Int == 2
+	return d.reply.Int == 2 || d.reply.Int == 5 // 5: and somebody else listened (noteListeners)
 }
 
 // noteFairRun records what a fair handoff's reply d, which handed over, says of

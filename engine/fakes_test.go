@@ -256,6 +256,9 @@ func (r *memRedis) run(id scripts.ID, keys, args []string, pub *[][2]string) scr
 		}
 		r.keys[keys[0]] = &memHash{fields: map[string]int64{args[2]: 1}}
 		r.pexpire(keys[0], args[3])
+		if len(args) > 11 && args[11] == "1" {
+			return scripts.Reply{Int: 5} // asked: another process listens, as above
+		}
 		return scripts.Reply{Int: 2}
 	case scripts.LockLeave: // KEYS lock, channel, regs, order; ARGV client, waiter, grant field, message, ...
 		// The model keeps no registrations, so it never grants directly: a

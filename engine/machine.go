@@ -323,6 +323,10 @@ type lockState struct {
 	// chainStart is when that chain began.
 	chain      int
 	chainStart time.Time
+	// othersQuietAt is when the last plain handoff whose reply said that nobody
+	// but this client listened on the unlock channel was sent; zero when the
+	// last such reply said somebody did (see noteListeners).
+	othersQuietAt time.Time
 
 	// idle: nothing refers to the state; it is kept for reuse since idleSince
 	// (see locks.go).

@@ -259,7 +259,7 @@ func TestMachineYieldToPublic(t *testing.T) {
 		w := h.acquire("L", 3, 0, -1)
 		h.take()
 		h.unlock("L", a.owner)
-		h.reply(h.take().one(t, scripts.LockHandoff), replyInt(2), nil) // the chain's first
+		h.reply(h.take().one(t, scripts.LockHandoff), replyInt(5), nil) // the chain's first; others listen
 		h.take()
 		h.unlock("L", 2)
 		c := h.take().one(t, scripts.LockHandoff)
@@ -323,7 +323,7 @@ func TestMachineYieldOwnMessageAfterReply(t *testing.T) {
 	h.acquire("L", 3, 0, -1)
 	h.take()
 	h.unlock("L", a.owner)
-	h.reply(h.take().one(t, scripts.LockHandoff), replyInt(2), nil)
+	h.reply(h.take().one(t, scripts.LockHandoff), replyInt(5), nil) // others listen
 	h.take()
 	h.unlock("L", 2)
 	c := h.take().one(t, scripts.LockHandoff)
@@ -358,7 +358,7 @@ func TestMachineYieldOnlyRegisteredHeads(t *testing.T) {
 	h.unlock("L", 1) // early handoff to b
 	hc := h.take().one(t, scripts.LockHandoff)
 	mustGranted(t, "b", b.future)
-	h.reply(hc, replyInt(2), nil)
+	h.reply(hc, replyInt(5), nil) // a Redisson waiter listens
 	h.take()
 	h.unlock("L", 2) // at the bound: released to everyone (a Redisson waiter listens)
 	hc = h.take().one(t, scripts.LockHandoff)

@@ -27,7 +27,7 @@ func TestMachineEarlyHandoff(t *testing.T) {
 		h.now = h.now.Add(time.Second)
 		f := h.unlock("L", a.owner)
 		c = h.take().one(t, scripts.LockHandoff)
-		if want := []string{"cid:1", "30000", "cid:2", "5000", "0", "0", "0", "cid", "0", "", strconv.FormatUint(b.id, 10)}; !slices.Equal(c.args, want) {
+		if want := []string{"cid:1", "30000", "cid:2", "5000", "0", "0", "0", "cid", "0", "", strconv.FormatUint(b.id, 10), "1"}; !slices.Equal(c.args, want) {
 			t.Fatalf("args %v, want %v", c.args, want)
 		}
 		if !c.early {
@@ -248,7 +248,7 @@ func TestMachineChainBoundHandedOverStartsNewChain(t *testing.T) {
 	if !c.early || c.args[4] != "0" {
 		t.Fatalf("first handoff: early %v, bound %q; want early and unbounded", c.early, c.args[4])
 	}
-	h.reply(c, replyInt(2), nil)
+	h.reply(c, replyInt(5), nil) // somebody else listened then
 	c = first(2)
 	if c.early || c.args[4] != "1" {
 		t.Fatalf("second handoff: early %v, bound %q; want the bound, not early", c.early, c.args[4])
@@ -257,6 +257,50 @@ func TestMachineChainBoundHandedOverStartsNewChain(t *testing.T) {
 	if c = first(3); !c.early || c.args[4] != "0" {
 		t.Fatalf("third handoff: early %v, bound %q; want a new chain, early", c.early, c.args[4])
 	}
+}
+
+// Every plain handoff asks whether anybody else listens (ARGV[12]). At the chain
+// bound, when the chain's last handoff said nobody did (2), the engine skips the
+// check: the handoff goes unbounded and early, and a new chain starts. A reply of
+// 5 (somebody listened) brings the check back at the next bound, and a quiet reply
+// sent before the chain began does not count (noteListeners).
+func TestMachineChainBoundSkippedWhenNobodyElseListened(t *testing.T) {
+	h := newMH(t, func(c *config) { c.handoffChain, c.handoffAge = 2, time.Hour })
+	a := h.grantFresh("L", 1, 0)
+	for owner := uint64(2); owner <= 10; owner++ {
+		h.acquire("L", owner, 0, -1)
+	}
+	h.take()
+	owner := a.owner
+	// next unlocks the current holder; the handoff goes to the next owner.
+	next := func(i int, wantBound bool) scriptCall {
+		t.Helper()
+		h.unlock("L", owner)
+		c := h.take().one(t, scripts.LockHandoff)
+		if len(c.args) < 12 || c.args[11] != "1" {
+			t.Fatalf("handoff %d: args %v, want the listener question (ARGV[12] = 1)", i, c.args)
+		}
+		if bound := c.args[4] == "1"; bound != wantBound || c.early == wantBound {
+			t.Fatalf("handoff %d: bound %v, early %v; want bound %v", i, bound, c.early, wantBound)
+		}
+		owner++
+		return c
+	}
+	h.reply(next(1, false), replyInt(2), nil) // nobody else listens
+	h.reply(next(2, false), replyInt(2), nil)
+	h.reply(next(3, false), replyInt(5), nil) // the bound, skipped (a new chain); now somebody listens
+	h.reply(next(4, false), replyInt(5), nil)
+	h.reply(next(5, true), replyInt(2), nil) // the bound, checked: nobody listened, handed over
+	// A new chain whose handoffs' replies say nothing (a retry's reply may come
+	// from its first try's early return): the quiet reply above predates the
+	// chain, so its bound is checked.
+	h.now = h.now.Add(time.Millisecond)
+	for i := 6; i <= 7; i++ {
+		c := next(i, false)
+		c.retried = true
+		h.reply(c, replyInt(2), nil)
+	}
+	next(8, true)
 }
 
 // Settle (HoldCount's first step) waits for the owner's handoff in flight.

@@ -218,7 +218,7 @@ func TestMachineRelay(t *testing.T) {
 		f2 := h.unlock("L", 2) // relayed: the chain's second handoff
 		f3 := h.unlock("L", 3) // the bound: it waits for the reply
 		h.take().none(t)
-		h.reply(c, replyInt(2), nil)
+		h.reply(c, replyInt(5), nil)               // handed over; another process listens
 		fu := h.take().one(t, scripts.LockHandoff) // the follow-up to owner 3
 		mustPending(t, "owner 3's Unlock at the bound", f3)
 		h.reply(fu, replyInt(2), nil)

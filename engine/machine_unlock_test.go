@@ -200,7 +200,7 @@ func TestMachineHandoff(t *testing.T) {
 		if want := []string{"L", "redisson_lock__channel:{L}", "leash_lock_reg:{L}", "leash_lock_regq:{L}"}; !slices.Equal(c.keys, want) {
 			t.Errorf("keys %v, want %v", c.keys, want)
 		}
-		if want := []string{"cid:1", "80", "cid:2", "5000", "0", "0", "0", "cid", "0", "", strconv.FormatUint(b.id, 10)}; !slices.Equal(c.args, want) {
+		if want := []string{"cid:1", "80", "cid:2", "5000", "0", "0", "0", "cid", "0", "", strconv.FormatUint(b.id, 10), "1"}; !slices.Equal(c.args, want) {
 			t.Errorf("args %v, want %v", c.args, want)
 		}
 		mustPending(t, "unlock", f)
@@ -306,7 +306,8 @@ func TestMachineHandoff(t *testing.T) {
 // handoffAge, whichever comes first: then the handoff script is told so, and (when
 // other processes listen) releases the lock to everyone, so their waiters hear
 // about it. "handoff" and "release" below are both lock_handoff calls, without and
-// with the bound flag; a "release" is answered 1 (released to everyone).
+// with the bound flag; a "handoff" is answered 5 (handed over, and somebody else
+// listens: see noteListeners), a "release" 1 (released to everyone).
 func TestMachineHandoffChainBound(t *testing.T) {
 	const handoff, release = "handoff", "release"
 	tests := []struct {
@@ -340,7 +341,7 @@ func TestMachineHandoffChainBound(t *testing.T) {
 				}
 				switch want {
 				case handoff:
-					h.reply(c, replyInt(2), nil)
+					h.reply(c, replyInt(5), nil) // handed over; another process listens
 				case release:
 					// Released to everyone; the local head competes on its own attempt.
 					h.reply(c, replyInt(1), nil)

@@ -645,6 +645,7 @@ func TestLockHandoff(t *testing.T) {
 		bound     string // ARGV[5]
 		retry     bool   // ARGV[7] = "1"
 		listeners int    // SUBSCRIBE connections on the unlock channel (the caller's included)
+		ask       bool   // ARGV[8..12]: the caller's id, it listens, no registration, ask about listeners
 		want      string
 		wantHash  string
 		wantPTTL  int64 // 0: not checked
@@ -671,6 +672,18 @@ func TestLockHandoff(t *testing.T) {
 		{name: "retry, the first try did not run", hash: from + "=1", bound: "0", retry: true,
 			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
 		{name: "not a retry, the receiver's field there", hash: to + "=1", bound: "0", want: "nil", wantHash: to + "=1"},
+		{name: "asked, only the caller listens", hash: from + "=1", bound: "0", listeners: 1, ask: true,
+			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
+		{name: "asked, nobody listens", hash: from + "=1", bound: "0", ask: true,
+			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
+		{name: "asked, another client listens", hash: from + "=1", bound: "0", listeners: 2, ask: true,
+			want: "5", wantHash: to + "=1", wantPTTL: leaseB},
+		{name: "asked, still held", hash: from + "=2", bound: "0", listeners: 2, ask: true,
+			want: "0", wantHash: from + "=1", wantPTTL: lease},
+		{name: "asked at the bound, another client listens", hash: from + "=1", bound: "1", listeners: 2, ask: true,
+			want: "1", wantPub: true},
+		{name: "asked at the bound, only the caller listens", hash: from + "=1", bound: "1", listeners: 1, ask: true,
+			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -684,8 +697,11 @@ func TestLockHandoff(t *testing.T) {
 			if tc.retry {
 				retry = "1"
 			}
-			rep := e.run(t, scripts.LockHandoff, []string{key, channel(key)},
-				from, strconv.Itoa(lease), to, strconv.Itoa(leaseB), tc.bound, unlockMsg, retry)
+			args := []string{from, strconv.Itoa(lease), to, strconv.Itoa(leaseB), tc.bound, unlockMsg, retry}
+			if tc.ask {
+				args = append(args, "c", "1", "", "", "1")
+			}
+			rep := e.run(t, scripts.LockHandoff, []string{key, channel(key)}, args...)
 			wantReply(t, "lock_handoff", rep, tc.want)
 			e.wantHash(t, key, tc.wantHash)
 			if tc.wantPTTL != 0 {
