@@ -72,7 +72,8 @@ func (m *machine) fairHandoffArgs(fromField string, fromLease time.Duration, toF
 }
 
 // handedOver reports whether handoff reply d says the lock passed to the call's
-// receiver: lock_handoff's 2, fair_handoff's 2 + n.
+// receiver: lock_handoff's 2 or 5 (and somebody else listened: noteListeners),
+// fair_handoff's 2 + n.
 func handedOver(d scriptDone) bool {
 	switch {
 	case d.err != nil || d.reply.Nil:
@@ -80,7 +81,7 @@ func handedOver(d scriptDone) bool {
 	case d.call.script == scripts.FairHandoff:
 		return d.reply.Int >= 2
 	}
-	return d.reply.Int == 2 || d.reply.Int == 5 // 5: and somebody else listened (noteListeners)
+	return d.reply.Int == 2 || d.reply.Int == 5
 }
 
 // noteFairRun records what a fair handoff's reply d, which handed over, says of

@@ -646,6 +646,7 @@ func TestLockHandoff(t *testing.T) {
 		retry     bool   // ARGV[7] = "1"
 		listeners int    // SUBSCRIBE connections on the unlock channel (the caller's included)
 		ask       bool   // ARGV[8..12]: the caller's id, it listens, no registration, ask about listeners
+		selfOff   bool   // with ask: ARGV[9] = "0" (the caller does not count itself as a listener)
 		want      string
 		wantHash  string
 		wantPTTL  int64 // 0: not checked
@@ -678,6 +679,8 @@ func TestLockHandoff(t *testing.T) {
 			want: "2", wantHash: to + "=1", wantPTTL: leaseB},
 		{name: "asked, another client listens", hash: from + "=1", bound: "0", listeners: 2, ask: true,
 			want: "5", wantHash: to + "=1", wantPTTL: leaseB},
+		{name: "asked, one listener and the caller says it does not listen", hash: from + "=1", bound: "0", listeners: 1, ask: true, selfOff: true,
+			want: "5", wantHash: to + "=1", wantPTTL: leaseB},
 		{name: "asked, still held", hash: from + "=2", bound: "0", listeners: 2, ask: true,
 			want: "0", wantHash: from + "=1", wantPTTL: lease},
 		{name: "asked at the bound, another client listens", hash: from + "=1", bound: "1", listeners: 2, ask: true,
@@ -699,7 +702,11 @@ func TestLockHandoff(t *testing.T) {
 			}
 			args := []string{from, strconv.Itoa(lease), to, strconv.Itoa(leaseB), tc.bound, unlockMsg, retry}
 			if tc.ask {
-				args = append(args, "c", "1", "", "", "1")
+				self := "1"
+				if tc.selfOff {
+					self = "0"
+				}
+				args = append(args, "c", self, "", "", "1")
 			}
 			rep := e.run(t, scripts.LockHandoff, []string{key, channel(key)}, args...)
 			wantReply(t, "lock_handoff", rep, tc.want)
