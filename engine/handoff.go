@@ -90,8 +90,9 @@ const earlyGrantMinLease = 100 * time.Millisecond
 
 // canGrantEarly reports whether h's handoff to w may grant w before the reply (see
 // the top of this file): a plain lock below the chain bound (or past it with the
-// check skipped: noteListeners), so the script is sure to hand over, or a fair lock whose Redis queue w heads as far as the last reply
-// said (fair_handoff is then told to hand over whatever it finds; see its header);
+// check skipped: noteListeners), so the script is sure to hand over, or a fair
+// lock whose Redis queue w heads as far as the last reply said (fair_handoff is
+// then told to hand over whatever it finds; see its header);
 // a receiving owner with nothing in flight and nothing held; enough of h's lease
 // left; and no surplus count of h's that the server may hold (maySurplus), which
 // would make the script keep the lock and the early grant be lost.
