@@ -7,7 +7,9 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -198,6 +200,7 @@ func tinyProfile() Profile {
 		CTimeout:    20 * time.Second,
 		DSamples:    6,
 		DDuration:   60 * time.Millisecond,
+		DRounds:     2,
 		FLocks:      200,
 		FWatchdog:   150 * time.Millisecond,
 		FPeriods:    2,
@@ -356,5 +359,92 @@ func TestCDrainCap(t *testing.T) {
 	}
 	if md := markdown(res); !strings.Contains(md, "within the drain cap") {
 		t.Errorf("results.md does not say the drain was capped:\n%s", md)
+	}
+}
+
+// recordingContender wraps a Contender: every Lock of its Lockers appends the
+// contender's name to log, so a test sees the order the cells ran in.
+type recordingContender struct {
+	Contender
+	name string
+	log  *[]string
+	mu   *sync.Mutex
+}
+
+func (c recordingContender) Name() string { return c.name }
+func (c recordingContender) NewLocker(name string) Locker {
+	return recordingLocker{Locker: c.Contender.NewLocker(name), c: c}
+}
+
+type recordingLocker struct {
+	Locker
+	c recordingContender
+}
+
+func (l recordingLocker) Lock(ctx context.Context) error {
+	l.c.mu.Lock()
+	*l.c.log = append(*l.c.log, l.c.name)
+	l.c.mu.Unlock()
+	return l.Locker.Lock(ctx)
+}
+
+// TestDRounds checks that a repetition of scenario D takes every contender's
+// samples in the profile's rounds, one contender after another, the order
+// rotated each round, and reports one DRun per contender holding all its rounds'
+// samples.
+func TestDRounds(t *testing.T) {
+	srv := testredis.New(t)
+	var (
+		log   []string
+		mu    sync.Mutex
+		kinds []contenderKind
+	)
+	for _, name := range []string{"x", "y", "z"} {
+		k := leashKind()
+		k.name = name
+		open := k.open
+		k.open = func(addr string) (Contender, error) {
+			c, err := open(addr)
+			if err != nil {
+				return nil, err
+			}
+			return recordingContender{Contender: c, name: name, log: &log, mu: &mu}, nil
+		}
+		kinds = append(kinds, k)
+	}
+	prof := Profile{Reps: 1, DSamples: 6, DRounds: 3}
+	r := &runner{prof: prof, addr: srv.Addr(), res: &Results{}}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var labels []string
+	r.runDRep(ctx, kinds, 0, func(k contenderKind, label string, f func() error) {
+		labels = append(labels, label)
+		if err := f(); err != nil {
+			t.Errorf("%s: %v", label, err)
+		}
+	})
+	// Each sample is two Locks (holder, waiter) of one contender: collapse the
+	// log into the runs of one contender.
+	var runs []string
+	for _, name := range log {
+		if len(runs) == 0 || runs[len(runs)-1] != name {
+			runs = append(runs, name)
+		}
+	}
+	want := []string{"x", "y", "z", "y", "z", "x", "z", "x", "y"}
+	if !slices.Equal(runs, want) {
+		t.Errorf("cells ran in the order %v, want %v (labels %q)", runs, want, labels)
+	}
+	if len(labels) != 9 || !strings.Contains(labels[3], "round 2/3") {
+		t.Errorf("labels %q, want 9 with rounds numbered", labels)
+	}
+	if len(r.res.D) != 3 {
+		t.Fatalf("%d DRuns, want 3", len(r.res.D))
+	}
+	for i, run := range r.res.D {
+		if run.Contender != kinds[i].name || len(run.SamplesUs) != 6 || run.Latency.Samples != 6 || run.Errors != 0 {
+			t.Errorf("DRun %d: %s, %d samples, latency over %d, %d errors (%s); want %s, 6, 6, 0",
+				i, run.Contender, len(run.SamplesUs), run.Latency.Samples, run.Errors, run.FirstError, kinds[i].name)
+		}
 	}
 }

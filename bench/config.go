@@ -41,6 +41,10 @@ type Profile struct {
 	// takes about 150 ms a sample) and its p99 is not just its few slowest.
 	DSamples  int           `json:"d_samples"`
 	DDuration time.Duration `json:"d_duration_ns"`
+	// DRounds is how many rounds a repetition's D cells are taken in, the
+	// contenders interleaved (see scenario_d.go); 0 means 1, as before it was
+	// a field.
+	DRounds int `json:"d_rounds,omitempty"`
 	// F: held locks, their watchdog timeout, and how many renewal periods are
 	// measured.
 	FLocks    int           `json:"f_locks"`
@@ -69,6 +73,7 @@ func defaultProfile() Profile {
 		CDrainCap:   5 * time.Second,
 		DSamples:    200,
 		DDuration:   1500 * time.Millisecond,
+		DRounds:     5,
 		FLocks:      10000,
 		FWatchdog:   3 * time.Second,
 		FPeriods:    2,

@@ -251,7 +251,7 @@ func (r *runner) cellCount() int {
 			n += len(r.prof.CProcs)
 		}
 		if r.scen["D"] && k.runsIn("D") {
-			n++
+			n += max(r.prof.DRounds, 1)
 		}
 	}
 	if r.hasLeash() && r.scen["F"] {
@@ -267,7 +267,6 @@ func (r *runner) cellCount() int {
 // Results.Failures and the run goes on; only the context ending stops it.
 func (r *runner) runAll(ctx context.Context) error {
 	p := r.prof
-	dPerRep := (p.DSamples + p.Reps - 1) / p.Reps
 	for rep := range p.Reps {
 		order := rotate(r.kinds, rep)
 		// The round trip drifts on a shared machine: measure it again each
@@ -329,15 +328,9 @@ func (r *runner) runAll(ctx context.Context) error {
 			}
 		}
 		if r.scen["D"] {
-			for _, k := range order {
-				cell(k, "D", "D handoff latency  "+k.name, func() error {
-					run, err := r.runD(ctx, k, rep, dPerRep, p.DDuration)
-					if err == nil {
-						r.res.D = append(r.res.D, run)
-					}
-					return err
-				})
-			}
+			r.runDRep(ctx, order, rep, func(k contenderKind, label string, f func() error) {
+				cell(k, "D", label, f)
+			})
 		}
 		if r.hasLeash() && r.scen["F"] {
 			cell(leashKind(), "F", "F renewals  leash", func() error {

@@ -404,6 +404,9 @@ func markdownScenarios(b *strings.Builder, res *Results) {
 		if p := res.Profile; p.DDuration > 0 {
 			w("Each repetition takes at least %d samples per contender and goes on until it has run %s, so contenders that hand off fast have more samples. ",
 				(p.DSamples+p.Reps-1)/max(p.Reps, 1), p.DDuration)
+			if p.DRounds > 1 {
+				w("A repetition takes them in %d rounds, each contender in turn taking its share in each (the order rotated each round), so that every contender's samples meet the same stretches of the machine's noise. ", p.DRounds)
+			}
 		}
 		w("Percentiles over every sample of every repetition; the last column is the per-repetition p50.\n\n")
 		w("| contender | samples | p50 | p99 | p50 in round trips | p50 per rep |\n| --- | ---: | ---: | ---: | ---: | ---: |\n")

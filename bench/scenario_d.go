@@ -13,9 +13,18 @@ import (
 // 2-12 ms (so the release falls at a random point of a polling waiter's sleep), then
 // releases. A sample is the time from the holder's Unlock returning to the waiter's
 // Lock returning. Samples are spread over the repetitions; the percentiles are
-// taken over all of them. A cell takes its share of the samples and goes on until
-// it has also run for the profile's DDuration: the p99 of a contender that hands
-// off fast rests on more than its two or three slowest samples.
+// taken over all of them. A repetition's cell takes its share of the samples and
+// goes on until it has also run for the profile's DDuration: the p99 of a
+// contender that hands off fast rests on more than its two or three slowest
+// samples.
+//
+// A repetition takes its cells in DRounds rounds: in each, every contender takes
+// its share of the cell's samples and of its duration in turn, the order rotated
+// each round. A p99 is a handful of samples, which a burst of the machine's noise
+// lasting a few hundred milliseconds can supply; taken in rounds, every
+// contender's samples are spread over the same stretch of time and meet the same
+// bursts, so the ratios of the p99s compare the locks rather than the moments
+// their cells happened to run.
 
 // DRun is one repetition of scenario D for one contender.
 type DRun struct {
@@ -40,44 +49,115 @@ const (
 	dSampleTimeout = 2 * time.Second
 )
 
-// runD runs one repetition of scenario D, taking at least n samples and going on
-// until minDur has passed.
-func (r *runner) runD(ctx context.Context, kind contenderKind, rep, n int, minDur time.Duration) (DRun, error) {
-	run := DRun{Contender: kind.name, Rep: rep}
+// runDRep runs one repetition of scenario D for the contenders of order that take
+// part in it, in the profile's rounds (see the top of this file): each round
+// runs one cell step per contender through cell, which reports progress and
+// failures. A contender whose clients do not open fails its first step and takes
+// no part in the later rounds. The repetition's DRuns are appended to the
+// results in order's order, for the contenders that opened.
+func (r *runner) runDRep(ctx context.Context, order []contenderKind, rep int, cell func(k contenderKind, label string, f func() error)) {
+	p := r.prof
+	rounds := max(p.DRounds, 1)
+	perRep := (p.DSamples + p.Reps - 1) / p.Reps
+	n, dur := (perRep+rounds-1)/rounds, p.DDuration/time.Duration(rounds)
+	cells := make(map[string]*dCell, len(order))
+	defer func() {
+		for _, d := range cells {
+			if d != nil {
+				d.close()
+			}
+		}
+	}()
+	for round := range rounds {
+		for _, k := range rotate(order, round) {
+			label := fmt.Sprintf("D handoff latency  round %d/%d  %s", round+1, rounds, k.name)
+			cell(k, label, func() error {
+				d, opened := cells[k.name]
+				if !opened {
+					var err error
+					if d, err = r.openD(k, rep); err != nil {
+						cells[k.name] = nil
+						return err
+					}
+					cells[k.name] = d
+				}
+				if d == nil { // did not open: reported in its first round
+					return nil
+				}
+				return d.take(ctx, n, dur)
+			})
+		}
+	}
+	for _, k := range order {
+		if d := cells[k.name]; d != nil {
+			r.res.D = append(r.res.D, d.result())
+		}
+	}
+}
+
+// dCell is one contender's D cell in one repetition, taken over the rounds.
+type dCell struct {
+	hc, wc         Contender
+	holder, waiter Locker
+	run            DRun
+	samples        []time.Duration
+	errs           errorLog
+}
+
+// openD opens kind's two clients for repetition rep's D cell.
+func (r *runner) openD(kind contenderKind, rep int) (*dCell, error) {
 	hc, err := kind.open(r.addr)
 	if err != nil {
-		return run, fmt.Errorf("%s: open: %w", kind.name, err)
+		return nil, fmt.Errorf("%s: open: %w", kind.name, err)
 	}
-	defer hc.Close()
 	wc, err := kind.open(r.addr)
 	if err != nil {
-		return run, fmt.Errorf("%s: open: %w", kind.name, err)
+		hc.Close()
+		return nil, fmt.Errorf("%s: open: %w", kind.name, err)
 	}
-	defer wc.Close()
 	name := fmt.Sprintf("bench:D:%s:r%d", kind.name, rep)
-	holder, waiter := hc.NewLocker(name), wc.NewLocker(name)
-	var errs errorLog
-	var samples []time.Duration
+	return &dCell{
+		hc: hc, wc: wc,
+		holder: hc.NewLocker(name), waiter: wc.NewLocker(name),
+		run: DRun{Contender: kind.name, Rep: rep},
+	}, nil
+}
+
+// take takes at least n samples, and goes on until minDur has passed. It returns
+// ctx's error when ctx ends; a sample that fails is counted and the cell goes on.
+func (d *dCell) take(ctx context.Context, n int, minDur time.Duration) error {
 	start := time.Now()
 	for i := 0; i < n || time.Since(start) < minDur; i++ {
 		if ctx.Err() != nil {
-			return run, ctx.Err()
+			return ctx.Err()
 		}
-		sample, violated, err := handoffOnce(ctx, holder, waiter)
+		sample, violated, err := handoffOnce(ctx, d.holder, d.waiter)
 		if err != nil {
-			errs.add(err)
+			d.errs.add(err)
 			continue
 		}
 		if violated {
-			run.Violations++
+			d.run.Violations++
 		}
-		samples = append(samples, sample)
-		run.SamplesUs = append(run.SamplesUs, micros(sample))
+		d.samples = append(d.samples, sample)
+		d.run.SamplesUs = append(d.run.SamplesUs, micros(sample))
 	}
-	run.Latency = latencyOf(samples)
-	run.Errors = int(errs.n.Load())
-	run.FirstError = errs.first
-	return run, nil
+	return nil
+}
+
+// result returns the cell's DRun, its latency taken over every round's samples.
+func (d *dCell) result() DRun {
+	run := d.run
+	run.Latency = latencyOf(d.samples)
+	run.Errors = int(d.errs.n.Load())
+	run.FirstError = d.errs.first
+	return run
+}
+
+// close closes the cell's clients.
+func (d *dCell) close() {
+	d.hc.Close()
+	d.wc.Close()
 }
 
 // handoffOnce takes one sample: the time from the holder's Unlock returning to the
