@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"os"
@@ -362,71 +363,98 @@ func TestCDrainCap(t *testing.T) {
 	}
 }
 
-// recordingContender wraps a Contender: every Lock of its Lockers appends the
-// contender's name to log, so a test sees the order the cells ran in.
+// orderLog records, in order, the contender of every Lock call, and counts the
+// contenders' opens and closes.
+type orderLog struct {
+	mu             sync.Mutex
+	locks          []string
+	opened, closed int
+}
+
+func (o *orderLog) add(f func()) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	f()
+}
+
+// recordingContender wraps a Contender: every Lock of its Lockers is logged, and
+// so is its Close.
 type recordingContender struct {
 	Contender
 	name string
-	log  *[]string
-	mu   *sync.Mutex
+	log  *orderLog
 }
 
+// Name implements Contender.
 func (c recordingContender) Name() string { return c.name }
+
+// NewLocker implements Contender.
 func (c recordingContender) NewLocker(name string) Locker {
 	return recordingLocker{Locker: c.Contender.NewLocker(name), c: c}
 }
 
+// Close implements Contender.
+func (c recordingContender) Close() error {
+	c.log.add(func() { c.log.closed++ })
+	return c.Contender.Close()
+}
+
+// recordingLocker is a Locker of a recordingContender.
 type recordingLocker struct {
 	Locker
 	c recordingContender
 }
 
+// Lock implements Locker.
 func (l recordingLocker) Lock(ctx context.Context) error {
-	l.c.mu.Lock()
-	*l.c.log = append(*l.c.log, l.c.name)
-	l.c.mu.Unlock()
+	l.c.log.add(func() { l.c.log.locks = append(l.c.log.locks, l.c.name) })
 	return l.Locker.Lock(ctx)
 }
 
 // TestDRounds checks that a repetition of scenario D takes every contender's
 // samples in the profile's rounds, one contender after another, the order
-// rotated each round, and reports one DRun per contender holding all its rounds'
-// samples.
+// rotated each round; that it opens each contender's two clients once and closes
+// them; that a contender that does not open fails once and reports no DRun; that
+// the progress count is right; and that each DRun holds all its rounds' samples.
 func TestDRounds(t *testing.T) {
 	srv := testredis.New(t)
 	var (
-		log   []string
-		mu    sync.Mutex
+		log   orderLog
 		kinds []contenderKind
 	)
-	for _, name := range []string{"x", "y", "z"} {
+	for _, name := range []string{"x", "y", "z", "broken"} {
 		k := leashKind()
 		k.name = name
 		open := k.open
 		k.open = func(addr string) (Contender, error) {
+			if name == "broken" {
+				return nil, errors.New("refused")
+			}
 			c, err := open(addr)
 			if err != nil {
 				return nil, err
 			}
-			return recordingContender{Contender: c, name: name, log: &log, mu: &mu}, nil
+			log.add(func() { log.opened++ })
+			return recordingContender{Contender: c, name: name, log: &log}, nil
 		}
 		kinds = append(kinds, k)
 	}
-	prof := Profile{Reps: 1, DSamples: 6, DRounds: 3}
-	r := &runner{prof: prof, addr: srv.Addr(), res: &Results{}}
+	// 7 samples over 3 rounds: 3 a round, 9 in all.
+	prof := Profile{Reps: 1, DSamples: 7, DRounds: 3, DDuration: 30 * time.Millisecond}
+	r := &runner{prof: prof, addr: srv.Addr(), res: &Results{}, kinds: kinds, scen: map[string]bool{"D": true}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var labels []string
+	var labels, failures []string
 	r.runDRep(ctx, kinds, 0, func(k contenderKind, label string, f func() error) {
 		labels = append(labels, label)
 		if err := f(); err != nil {
-			t.Errorf("%s: %v", label, err)
+			failures = append(failures, fmt.Sprintf("%s: %v", label, err))
 		}
 	})
 	// Each sample is two Locks (holder, waiter) of one contender: collapse the
 	// log into the runs of one contender.
 	var runs []string
-	for _, name := range log {
+	for _, name := range log.locks {
 		if len(runs) == 0 || runs[len(runs)-1] != name {
 			runs = append(runs, name)
 		}
@@ -435,15 +463,21 @@ func TestDRounds(t *testing.T) {
 	if !slices.Equal(runs, want) {
 		t.Errorf("cells ran in the order %v, want %v (labels %q)", runs, want, labels)
 	}
-	if len(labels) != 9 || !strings.Contains(labels[3], "round 2/3") {
-		t.Errorf("labels %q, want 9 with rounds numbered", labels)
+	if len(labels) != r.cellCount() || !strings.Contains(labels[4], "round 2/3") {
+		t.Errorf("labels %q: want %d (cellCount), rounds numbered", labels, r.cellCount())
+	}
+	if len(failures) != 1 || !strings.Contains(failures[0], "broken: open: refused") {
+		t.Errorf("failures %q, want the broken contender's open once", failures)
+	}
+	if log.opened != 6 || log.closed != 6 {
+		t.Errorf("%d clients opened, %d closed; want 6 and 6", log.opened, log.closed)
 	}
 	if len(r.res.D) != 3 {
 		t.Fatalf("%d DRuns, want 3", len(r.res.D))
 	}
 	for i, run := range r.res.D {
-		if run.Contender != kinds[i].name || len(run.SamplesUs) != 6 || run.Latency.Samples != 6 || run.Errors != 0 {
-			t.Errorf("DRun %d: %s, %d samples, latency over %d, %d errors (%s); want %s, 6, 6, 0",
+		if run.Contender != kinds[i].name || len(run.SamplesUs) < 9 || run.Latency.Samples != len(run.SamplesUs) || run.Errors != 0 {
+			t.Errorf("DRun %d: %s, %d samples, latency over %d, %d errors (%s); want %s, ≥ 9, all, 0",
 				i, run.Contender, len(run.SamplesUs), run.Latency.Samples, run.Errors, run.FirstError, kinds[i].name)
 		}
 	}

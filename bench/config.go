@@ -35,16 +35,16 @@ type Profile struct {
 	// until then. It bounds the slow polling peers' drains; the others finish
 	// well within it.
 	CDrainCap time.Duration `json:"c_drain_cap_ns"`
-	// D: samples per contender, spread over the repetitions, at least; a cell
-	// keeps taking samples until it also has run DDuration, so a contender that
-	// hands off in microseconds gets more samples than one that polls (redsync
-	// takes about 150 ms a sample) and its p99 is not just its few slowest.
+	// D: samples per contender, spread over the repetitions, at least; a
+	// repetition's cell keeps taking samples until it also has run DDuration, so
+	// a contender that hands off in microseconds gets more samples than one that
+	// polls (redsync takes about 150 ms a sample) and its p99 is not just its few
+	// slowest. DRounds is how many rounds a repetition takes its cells in, the
+	// contenders interleaved (see scenario_d.go); 0 means 1, as before it was a
+	// field.
 	DSamples  int           `json:"d_samples"`
 	DDuration time.Duration `json:"d_duration_ns"`
-	// DRounds is how many rounds a repetition's D cells are taken in, the
-	// contenders interleaved (see scenario_d.go); 0 means 1, as before it was
-	// a field.
-	DRounds int `json:"d_rounds,omitempty"`
+	DRounds   int           `json:"d_rounds,omitempty"`
 	// F: held locks, their watchdog timeout, and how many renewal periods are
 	// measured.
 	FLocks    int           `json:"f_locks"`
@@ -80,6 +80,14 @@ func defaultProfile() Profile {
 		GWaiters:    10000,
 		Pings:       1000,
 	}
+}
+
+// dRound returns how a repetition takes scenario D: in rounds rounds, each
+// contender taking at least samples samples and running at least dur in each.
+func (p Profile) dRound() (rounds, samples int, dur time.Duration) {
+	rounds = max(p.DRounds, 1)
+	perRep := (p.DSamples + p.Reps - 1) / max(p.Reps, 1)
+	return rounds, (perRep + rounds - 1) / rounds, p.DDuration / time.Duration(rounds)
 }
 
 // fullProfile is what "go run . -full" runs.

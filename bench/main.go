@@ -237,7 +237,9 @@ func (r *runner) hasLeash() bool {
 	return slices.ContainsFunc(r.kinds, func(k contenderKind) bool { return k.name == "leash" })
 }
 
-// cellCount returns how many cells the run has, for the progress line.
+// cellCount returns how many cells the run has, for the progress line: one per
+// contender and scenario (and goroutine count or process count) and repetition,
+// a D cell counting once per round.
 func (r *runner) cellCount() int {
 	n := 0
 	for _, k := range r.kinds {
@@ -251,7 +253,8 @@ func (r *runner) cellCount() int {
 			n += len(r.prof.CProcs)
 		}
 		if r.scen["D"] && k.runsIn("D") {
-			n += max(r.prof.DRounds, 1)
+			rounds, _, _ := r.prof.dRound()
+			n += rounds
 		}
 	}
 	if r.hasLeash() && r.scen["F"] {

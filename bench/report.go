@@ -402,10 +402,13 @@ func markdownScenarios(b *strings.Builder, res *Results) {
 		rtt := rttP50(res)
 		w("## D handoff latency\n\nOne waiter in a second client; from the holder's Unlock returning to the waiter's Lock returning. ")
 		if p := res.Profile; p.DDuration > 0 {
-			w("Each repetition takes at least %d samples per contender and goes on until it has run %s, so contenders that hand off fast have more samples. ",
-				(p.DSamples+p.Reps-1)/max(p.Reps, 1), p.DDuration)
-			if p.DRounds > 1 {
-				w("A repetition takes them in %d rounds, each contender in turn taking its share in each (the order rotated each round), so that every contender's samples meet the same stretches of the machine's noise. ", p.DRounds)
+			rounds, n, dur := p.dRound()
+			if rounds > 1 {
+				w("Each repetition takes its cells in %d rounds, the contenders in turn (the order rotated each round), each contender taking at least %d samples in a round and going on until it has run %s, so contenders that hand off fast have more samples, and every contender's are spread over the same stretch of time. ",
+					rounds, n, dur)
+			} else {
+				w("Each repetition takes at least %d samples per contender and goes on until it has run %s, so contenders that hand off fast have more samples. ",
+					n, dur)
 			}
 		}
 		w("Percentiles over every sample of every repetition; the last column is the per-repetition p50.\n\n")

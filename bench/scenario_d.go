@@ -21,10 +21,12 @@ import (
 // A repetition takes its cells in DRounds rounds: in each, every contender takes
 // its share of the cell's samples and of its duration in turn, the order rotated
 // each round. A p99 is a handful of samples, which a burst of the machine's noise
-// lasting a few hundred milliseconds can supply; taken in rounds, every
-// contender's samples are spread over the same stretch of time and meet the same
-// bursts, so the ratios of the p99s compare the locks rather than the moments
-// their cells happened to run.
+// lasting a few hundred milliseconds can supply; back to back, such a burst fell
+// on one contender's cell. Taken in rounds, every contender's samples are spread
+// over the same stretch of time, in slices, so a burst costs each contender a
+// slice at most and the ratios of the p99s compare the locks more than the
+// moments their cells ran. Every contender's two clients stay open for the whole
+// repetition.
 
 // DRun is one repetition of scenario D for one contender.
 type DRun struct {
@@ -51,16 +53,21 @@ const (
 
 // runDRep runs one repetition of scenario D for the contenders of order that take
 // part in it, in the profile's rounds (see the top of this file): each round
-// runs one cell step per contender through cell, which reports progress and
-// failures. A contender whose clients do not open fails its first step and takes
-// no part in the later rounds. The repetition's DRuns are appended to the
-// results in order's order, for the contenders that opened.
+// runs one step per contender through cell, which reports progress and failures.
+// A contender whose clients do not open fails its first step, and its steps in
+// the later rounds only report that. When every round has run (ctx has not ended), the
+// repetition's DRuns are appended to the results in order's order, for the
+// contenders that opened.
 func (r *runner) runDRep(ctx context.Context, order []contenderKind, rep int, cell func(k contenderKind, label string, f func() error)) {
-	p := r.prof
-	rounds := max(p.DRounds, 1)
-	perRep := (p.DSamples + p.Reps - 1) / p.Reps
-	n, dur := (perRep+rounds-1)/rounds, p.DDuration/time.Duration(rounds)
-	cells := make(map[string]*dCell, len(order))
+	var kinds []contenderKind
+	for _, k := range order {
+		if k.runsIn("D") {
+			kinds = append(kinds, k)
+		}
+	}
+	rounds, n, dur := r.prof.dRound()
+	cells := make([]*dCell, len(kinds))
+	failed := make([]bool, len(kinds))
 	defer func() {
 		for _, d := range cells {
 			if d != nil {
@@ -69,27 +76,32 @@ func (r *runner) runDRep(ctx context.Context, order []contenderKind, rep int, ce
 		}
 	}()
 	for round := range rounds {
-		for _, k := range rotate(order, round) {
+		for j := range kinds {
+			i := (j + round) % len(kinds) // kinds rotated by round
+			k := kinds[i]
 			label := fmt.Sprintf("D handoff latency  round %d/%d  %s", round+1, rounds, k.name)
+			if failed[i] {
+				cell(k, label+" (did not open)", func() error { return nil })
+				continue
+			}
 			cell(k, label, func() error {
-				d, opened := cells[k.name]
-				if !opened {
-					var err error
-					if d, err = r.openD(k, rep); err != nil {
-						cells[k.name] = nil
+				if cells[i] == nil {
+					d, err := r.openD(k, rep)
+					if err != nil {
+						failed[i] = true
 						return err
 					}
-					cells[k.name] = d
+					cells[i] = d
 				}
-				if d == nil { // did not open: reported in its first round
-					return nil
-				}
-				return d.take(ctx, n, dur)
+				return cells[i].take(ctx, n, dur)
 			})
 		}
 	}
-	for _, k := range order {
-		if d := cells[k.name]; d != nil {
+	if ctx.Err() != nil {
+		return
+	}
+	for _, d := range cells {
+		if d != nil {
 			r.res.D = append(r.res.D, d.result())
 		}
 	}
